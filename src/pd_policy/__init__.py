@@ -1,0 +1,122 @@
+"""pd-policy: how a multimodal LLM request is split between prefill and decode workers.
+
+In prefill/decode disaggregated serving, decode workers often run vLLM with
+``--language-model-only``: no vision encoder, encoder-cache budget 0. This
+package decides what the decode leg of a request may carry for a given decode
+worker, builds that leg, folds media identity into the decode ``cache_salt``,
+checks the KV handoff after prefill, and refuses the pairings that cannot work
+with clear, typed, non-retryable errors.
+
+The core is pure (no I/O) and depends on the standard library and ``attrs``
+only, so it can be vendored as one folder. Adapters live in ``pd_policy_grpc``
+(SMG vLLM engine protos) and ``pd_policy_vllm`` (a live vLLM engine).
+"""
+
+from __future__ import annotations
+
+from .batch import Modality, MultimodalBatch, PlaceholderRange
+from .capability import (
+    EngineFacts,
+    MediaProcessorAdvert,
+    MmInputProbe,
+    advertise_media_processor,
+    derive_supports_vision,
+)
+from .codec import request_from_json, request_to_json, worker_from_json, worker_to_json
+from .decision import DecodeForm, decide_decode_form, sequential_pd_decode_form
+from .errors import (
+    ERROR_CATALOG,
+    ERROR_CODE_HEADER,
+    CatalogEntry,
+    MalformedRequest,
+    MediaRefsOnLanguageModelOnlyDecode,
+    MissingKvTransferParams,
+    MropeOnLanguageModelOnlyDecode,
+    MultimodalNotSupported,
+    NSamplesOnLanguageModelOnlyDecode,
+    PolicyError,
+    WorkerFailedToStart,
+    grpc_status_to_http,
+)
+from .handoff import ensure_kv_handoff, relay_kv
+from .legs import build_decode_leg, clone_without_mm, decode_leg, identity_only
+from .mrope import MROPE_GRID_KEYS, has_mrope_grids
+from .outcome import Outcome, PrefillResult, plan
+from .request import LegacyKvParams, MediaRef, Request
+from .salt import (
+    SALT_FOLD_PREFIX,
+    SALT_FOLD_VERSION,
+    decode_cache_salt,
+    fold_cache_salt,
+    fold_salt,
+    upstream_cache_salt,
+    upstream_decode_cache_salt,
+)
+from .tensor import PayloadLocation, TensorDescriptor
+from .worker import (
+    MM_MEDIA_REF_SCHEMES_LABEL,
+    MM_PROCESSOR_LABEL,
+    SUPPORTS_VISION_LABEL,
+    VisionSupport,
+    WorkerCapability,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ERROR_CATALOG",
+    "ERROR_CODE_HEADER",
+    "MM_MEDIA_REF_SCHEMES_LABEL",
+    "MM_PROCESSOR_LABEL",
+    "MROPE_GRID_KEYS",
+    "SALT_FOLD_PREFIX",
+    "SALT_FOLD_VERSION",
+    "SUPPORTS_VISION_LABEL",
+    "CatalogEntry",
+    "DecodeForm",
+    "EngineFacts",
+    "LegacyKvParams",
+    "MalformedRequest",
+    "MediaProcessorAdvert",
+    "MediaRef",
+    "MediaRefsOnLanguageModelOnlyDecode",
+    "MissingKvTransferParams",
+    "MmInputProbe",
+    "Modality",
+    "MropeOnLanguageModelOnlyDecode",
+    "MultimodalBatch",
+    "MultimodalNotSupported",
+    "NSamplesOnLanguageModelOnlyDecode",
+    "Outcome",
+    "PayloadLocation",
+    "PlaceholderRange",
+    "PolicyError",
+    "PrefillResult",
+    "Request",
+    "TensorDescriptor",
+    "VisionSupport",
+    "WorkerCapability",
+    "WorkerFailedToStart",
+    "advertise_media_processor",
+    "build_decode_leg",
+    "clone_without_mm",
+    "decide_decode_form",
+    "decode_cache_salt",
+    "decode_leg",
+    "derive_supports_vision",
+    "ensure_kv_handoff",
+    "fold_cache_salt",
+    "fold_salt",
+    "grpc_status_to_http",
+    "has_mrope_grids",
+    "identity_only",
+    "plan",
+    "relay_kv",
+    "request_from_json",
+    "request_to_json",
+    "sequential_pd_decode_form",
+    "upstream_cache_salt",
+    "upstream_decode_cache_salt",
+    "worker_from_json",
+    "worker_to_json",
+]

@@ -1,0 +1,286 @@
+"""The error taxonomy: every way the policy refuses a request.
+
+Each error carries a stable ``code``, an HTTP ``status`` (also readable as
+``error_status_hint``, as in h11), whether a gateway may retry it, and a message
+that is safe to return to a client. Messages never echo media URLs, salts or
+KV parameters: those can carry credentials or tenant names.
+
+The catalog :data:`ERROR_CATALOG` is the single source of truth that the docs
+table (``docs/errors.md``) is generated from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from http import HTTPStatus
+from types import MappingProxyType
+from typing import ClassVar, Final
+
+import attrs
+
+__all__ = [
+    "ERROR_CATALOG",
+    "ERROR_CODE_HEADER",
+    "RETRYABLE_STATUSES",
+    "CatalogEntry",
+    "MalformedRequest",
+    "MediaRefsOnLanguageModelOnlyDecode",
+    "MissingKvTransferParams",
+    "MropeOnLanguageModelOnlyDecode",
+    "MultimodalNotSupported",
+    "NSamplesOnLanguageModelOnlyDecode",
+    "PolicyError",
+    "WorkerFailedToStart",
+    "grpc_status_to_http",
+]
+
+#: Response header that carries the error code, as the SMG gateway sends it.
+ERROR_CODE_HEADER: Final = "X-SMG-Error-Code"
+
+#: Statuses a gateway retries by default, unless the error is marked non-retryable.
+RETRYABLE_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class PolicyError(Exception):
+    """Base of every error the policy raises.
+
+    Subclasses fix ``code``, ``status`` and ``meaning``; an instance adds the
+    client-facing ``message`` and, for malformed input, the ``param`` (the field
+    at fault). ``retryable`` is false for every error of the policy's own: the
+    same request to the same pool fails the same way.
+    """
+
+    # Plain class attributes, not ClassVar: WorkerFailedToStart sets them per instance.
+    code: str = "pd_policy_error"
+    status: int = 500
+    meaning: ClassVar[str] = "An error raised by the P/D policy."
+    default_message: ClassVar[str] = "the P/D policy refused the request"
+
+    def __init__(self, message: str | None = None, param: str | None = None) -> None:
+        self.message: str = message if message is not None else self.default_message
+        self.param: str | None = param
+        super().__init__(self.message)
+
+    @property
+    def error_status_hint(self) -> int:
+        """The HTTP status a gateway should answer with (the h11 name for ``status``)."""
+        return self.status
+
+    @property
+    def retryable(self) -> bool:
+        """Whether a gateway may retry: never, for the policy's own errors."""
+        return False
+
+    @property
+    def error_type(self) -> str:
+        """The OpenAI-style ``type``: the status' reason phrase in snake case."""
+        return HTTPStatus(self.status).phrase.lower().replace(" ", "_").replace("-", "_")
+
+    def to_body(self) -> dict[str, dict[str, str | None]]:
+        """Render as the OpenAI-style error body ``{"error": {type, code, message, param}}``."""
+        return {
+            "error": {
+                "type": self.error_type,
+                "code": self.code,
+                "message": self.message,
+                "param": self.param,
+            }
+        }
+
+    def headers(self) -> dict[str, str]:
+        """Response headers a gateway should add: the error code header."""
+        return {ERROR_CODE_HEADER: self.code}
+
+    def __repr__(self) -> str:
+        param = f", param={self.param!r}" if self.param is not None else ""
+        return f"{type(self).__name__}({self.message!r}{param})"
+
+
+class MalformedRequest(PolicyError):
+    """The request (or worker description) is not well formed.
+
+    ``param`` names the offending field, e.g. ``batches[0].placeholders[1]``.
+    """
+
+    code = "pd_invalid_request"
+    status = 400
+    meaning = (
+        "The request is malformed: a wrong type, an unknown field, or fields that contradict "
+        "each other (for instance a placeholder that runs past input_ids)."
+    )
+    default_message = "the request is malformed"
+
+
+class MropeOnLanguageModelOnlyDecode(PolicyError):
+    """A language-model-only decode worker cannot derive M-RoPE positions."""
+
+    code = "pd_decode_language_model_only_mrope"
+    status = 400
+    meaning = (
+        "The decode worker runs --language-model-only and the request carries M-RoPE grid "
+        "tensors: the decode leg would mis-rotate every generated token."
+    )
+    default_message = (
+        "the selected decode worker runs with --language-model-only, but this model's decode "
+        "leg needs its M-RoPE grid tensors; run the decode pool with the vision encoder enabled"
+    )
+
+
+class MediaRefsOnLanguageModelOnlyDecode(PolicyError):
+    """A language-model-only decode worker cannot expand media references."""
+
+    code = "pd_decode_language_model_only_media_refs"
+    status = 400
+    meaning = (
+        "The decode worker runs --language-model-only and the request carries media "
+        "references, which each leg must expand itself."
+    )
+    default_message = (
+        "the selected decode worker runs with --language-model-only and cannot expand media "
+        "references; use router-side multimodal processing (--mm-processing=router)"
+    )
+
+
+class NSamplesOnLanguageModelOnlyDecode(PolicyError):
+    """n>1 has no KV handoff, and a worker without an encoder cannot recompute images."""
+
+    code = "pd_decode_language_model_only_n_samples"
+    status = 400
+    meaning = (
+        "The decode worker runs --language-model-only and a multimodal request asks for n>1: "
+        "n>1 skips the KV handoff, so decode would have to recompute the image locally."
+    )
+    default_message = (
+        "the selected decode worker runs with --language-model-only and cannot recompute a "
+        "multimodal prompt; n>1 parallel sampling needs decode workers with the vision "
+        "encoder enabled"
+    )
+
+
+class MissingKvTransferParams(PolicyError):
+    """After prefill, a stripped multimodal decode leg has no KV handoff."""
+
+    code = "pd_decode_missing_kv_transfer_params"
+    status = 502
+    meaning = (
+        "The prefill worker returned no kv_transfer_params for a multimodal request whose "
+        "decode leg was stripped: decode would silently recompute an image-blind answer."
+    )
+    default_message = (
+        "the prefill worker returned no kv_transfer_params for this multimodal request, and "
+        "the language-model-only decode worker cannot recompute the prompt locally "
+        "(outdated servicer or missing kv-transfer-config?)"
+    )
+
+
+class MultimodalNotSupported(PolicyError):
+    """No worker that could serve this request's media exists or was selected."""
+
+    code = "multimodal_not_supported"
+    status = 400
+    meaning = (
+        "The request carries media that no selected (or registered) worker can process: every "
+        "worker of the model runs as a language model only, or the selected worker does not "
+        "advertise worker-side media processing."
+    )
+    default_message = (
+        "multimodal input is not supported: the model's workers run as a language model only, "
+        "without a vision encoder"
+    )
+
+
+#: gRPC status names (``grpc.StatusCode.X.name``) and the HTTP status a failed leg maps to.
+_GRPC_TO_HTTP: Final[Mapping[str, int]] = MappingProxyType(
+    {
+        "INVALID_ARGUMENT": 400,
+        "RESOURCE_EXHAUSTED": 429,
+        "UNAVAILABLE": 503,
+        "DEADLINE_EXCEEDED": 504,
+        "INTERNAL": 500,
+    }
+)
+
+
+def grpc_status_to_http(grpc_status: str) -> int:
+    """Map a gRPC status name (e.g. ``"UNAVAILABLE"``) to the HTTP status of a failed leg.
+
+    Statuses outside the table map to 500.
+    """
+    return _GRPC_TO_HTTP.get(grpc_status, 500)
+
+
+class WorkerFailedToStart(PolicyError):
+    """A prefill or decode worker refused or failed a leg at the transport level.
+
+    Unlike the policy's own refusals, its status follows the worker's gRPC status
+    and it may be retryable. ``leg`` is ``"prefill"`` or ``"decode"``.
+    """
+
+    code = "worker_failed_to_start"
+    status = 500
+    meaning = "A worker failed to start a leg; the status is mapped from its gRPC status."
+
+    _LEGS: ClassVar[frozenset[str]] = frozenset({"prefill", "decode"})
+
+    def __init__(self, leg: str, grpc_status: str, detail: str = "") -> None:
+        if leg not in self._LEGS:
+            raise ValueError(f"leg must be 'prefill' or 'decode', not {leg!r}")
+        self.leg = leg
+        self.grpc_status = grpc_status
+        self.detail = detail
+        self.code = f"{leg}_worker_failed_to_start"
+        self.status = grpc_status_to_http(grpc_status)
+        super().__init__(f"{leg.capitalize()} worker failed to start: {detail}".rstrip(": "))
+
+    @property
+    def retryable(self) -> bool:
+        # A sidecar time-out repeats on retry, so it is marked non-retryable upstream.
+        if self.grpc_status == "UNAVAILABLE" and "sidecar_timeout" in self.detail:
+            return False
+        return self.status in RETRYABLE_STATUSES
+
+
+@attrs.frozen(slots=True)
+class CatalogEntry:
+    """One row of :data:`ERROR_CATALOG`."""
+
+    code: str
+    #: The HTTP status, or ``None`` when it is mapped from the worker's gRPC status.
+    status: int | None
+    retryable: bool
+    meaning: str
+    error: type[PolicyError]
+
+
+_POLICY_ERRORS: Final = (
+    MropeOnLanguageModelOnlyDecode,
+    MediaRefsOnLanguageModelOnlyDecode,
+    NSamplesOnLanguageModelOnlyDecode,
+    MissingKvTransferParams,
+    MultimodalNotSupported,
+    MalformedRequest,
+)
+
+
+def _build_catalog() -> Mapping[str, CatalogEntry]:
+    rows: dict[str, CatalogEntry] = {
+        cls.code: CatalogEntry(cls.code, cls.status, False, cls.meaning, cls)
+        for cls in _POLICY_ERRORS
+    }
+    for leg in ("prefill", "decode"):
+        code = f"{leg}_worker_failed_to_start"
+        rows[code] = CatalogEntry(
+            code,
+            None,
+            True,
+            f"The {leg} worker failed its leg at the transport level. The status is mapped "
+            "from its gRPC status (INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429, INTERNAL 500, "
+            "UNAVAILABLE 503, DEADLINE_EXCEEDED 504, others 500); retryable under the default "
+            "rules (408, 429, 5xx) except a sidecar time-out.",
+            WorkerFailedToStart,
+        )
+    return MappingProxyType(rows)
+
+
+#: Every error code the policy can produce: code -> status, retryability and meaning.
+ERROR_CATALOG: Final[Mapping[str, CatalogEntry]] = _build_catalog()

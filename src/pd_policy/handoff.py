@@ -1,0 +1,52 @@
+"""The KV handoff between the legs: relaying prefill's parameters, and checking they came."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .decision import DecodeForm
+from .errors import MissingKvTransferParams
+from .request import LegacyKvParams, Request
+
+__all__ = ["ensure_kv_handoff", "relay_kv"]
+
+
+def relay_kv(
+    leg: Request,
+    kv_transfer_params: str | Mapping[str, Any] | None = None,
+    kv_legacy: LegacyKvParams | None = None,
+) -> Request:
+    """The decode leg carrying the KV parameters the prefill leg returned.
+
+    The handoff has a single consumer, so nothing is relayed when ``leg.n > 1``.
+    Parameters the prefill did not return leave the leg's own (if any) in place.
+    Raises :class:`~pd_policy.errors.MalformedRequest` if the parameters are
+    not a JSON object.
+    """
+    if not leg.relays_kv or (kv_transfer_params is None and kv_legacy is None):
+        return leg
+    changes: dict[str, Any] = {}
+    if kv_transfer_params is not None:
+        changes["kv_transfer_params"] = kv_transfer_params
+    if kv_legacy is not None:
+        changes["kv_legacy"] = kv_legacy
+    return leg.derive(**changes)
+
+
+def ensure_kv_handoff(original: Request, form: DecodeForm, leg: Request) -> None:
+    """The post-prefill check: refuse a stripped multimodal leg that has no KV handoff.
+
+    Fires only when the form is ``TEXT_PLUS_HASHES``, the original request has
+    multimodal batches, and the leg (after :func:`relay_kv`) carries neither KV
+    parameter form. Decode would otherwise recompute the prompt as text and
+    answer image-blind. A text request keeps the local-recompute fallback.
+
+    Raises :class:`~pd_policy.errors.MissingKvTransferParams` (502, non-retryable).
+    """
+    if (
+        form is DecodeForm.TEXT_PLUS_HASHES
+        and original.has_mm_inputs
+        and not leg.has_kv_transfer_params
+    ):
+        raise MissingKvTransferParams()

@@ -1,0 +1,118 @@
+"""Building the decode leg: what each :class:`DecodeForm` keeps of the request.
+
+Every builder is pure: the input request is never changed (the prefill leg must
+stay byte-for-byte what the router built, pixels and references included).
+"""
+
+from __future__ import annotations
+
+from .batch import MultimodalBatch
+from .decision import DecodeForm, sequential_pd_decode_form
+from .mrope import MROPE_GRID_KEYS
+from .request import Request
+from .worker import WorkerCapability
+
+__all__ = [
+    "build_decode_leg",
+    "clone_without_mm",
+    "decode_leg",
+    "hash_identity",
+    "identity_only",
+    "mm_identity",
+]
+
+
+def hash_identity(batch: MultimodalBatch) -> MultimodalBatch | None:
+    """The batch reduced to its content hashes and modality; ``None`` if it has no hashes."""
+    if not batch.mm_hashes:
+        return None
+    return MultimodalBatch(modality=batch.modality, mm_hashes=batch.mm_hashes)
+
+
+def clone_without_mm(request: Request) -> Request:
+    """The text-plus-hashes decode leg.
+
+    Keeps the request id, the expanded ``input_ids`` (or text), ``n``, both KV
+    parameter forms verbatim and the caller's ``cache_salt``. Each batch becomes
+    its hashes and modality, in order; a batch without hashes is dropped whole.
+    Media references are dropped. The result carries no pixels, tensors,
+    placeholders or media references, and applying it twice changes nothing.
+    """
+    kept = tuple(h for h in map(hash_identity, request.batches) if h is not None)
+    if kept == request.batches and not request.media_refs:
+        return request
+    return request._derive_trusted(batches=kept, media_refs=())
+
+
+def mm_identity(batch: MultimodalBatch) -> MultimodalBatch | None:
+    """The batch's identity without pixels; ``None`` if it has no hashes.
+
+    Keeps the modality, hashes, placeholders, image token id and encoder input
+    key, and of the model-specific tensors only the M-RoPE grids whose payload
+    is inline. A grid flattened by a sizes tensor that is not inline is dropped
+    with its mapping (one leg cannot forward half of a flattened pair).
+    ``batched_keys`` and ``keep_on_cpu_keys`` keep only the tensors that remain.
+
+    Beyond upstream: every kept grid is listed in ``keep_on_cpu_keys``. vLLM 0.32
+    otherwise loses a grid whose image falls in an already prefix-cached range
+    and its worker dies with ``KeyError: 'image_grid_thw'``.
+    """
+    if not batch.mm_hashes:
+        return None
+    grids = {t.name: t for t in batch.tensors if t.name in MROPE_GRID_KEYS and t.is_inline}
+    flat = dict(batch.flat_keys)
+    for key, sizes in flat.items():
+        if key in grids:
+            sizes_tensor = batch.tensor(sizes)
+            if sizes_tensor is None or not sizes_tensor.is_inline:
+                del grids[key]
+    kept_flat = tuple((k, s) for k, s in batch.flat_keys if k in grids)
+    kept = dict(grids)
+    for _, sizes in kept_flat:
+        sizes_tensor = batch.tensor(sizes)
+        assert sizes_tensor is not None  # checked above
+        kept[sizes] = sizes_tensor
+    keep_on_cpu = tuple(k for k in batch.keep_on_cpu_keys if k in kept)
+    keep_on_cpu += tuple(sorted(g for g in grids if g not in keep_on_cpu))
+    return MultimodalBatch(
+        modality=batch.modality,
+        tensors=tuple(kept.values()),
+        placeholders=batch.placeholders,
+        mm_hashes=batch.mm_hashes,
+        im_token_id=batch.im_token_id,
+        batched_keys=tuple(k for k in batch.batched_keys if k in kept),
+        flat_keys=kept_flat,
+        keep_on_cpu_keys=keep_on_cpu,
+        encoder_input_key=batch.encoder_input_key,
+    )
+
+
+def identity_only(request: Request) -> Request:
+    """The identity-only decode leg, for a vision-capable decode worker that takes KV.
+
+    Each batch becomes :func:`mm_identity` of itself (hash-less batches are
+    dropped); media references are kept, since that worker expands them itself.
+    Everything else is kept verbatim.
+    """
+    kept = tuple(i for i in map(mm_identity, request.batches) if i is not None)
+    return request._derive_trusted(batches=kept)
+
+
+def decode_leg(request: Request, form: DecodeForm) -> Request:
+    """The decode leg of ``request`` in ``form`` (``FULL`` is the request itself)."""
+    if form is DecodeForm.TEXT_PLUS_HASHES:
+        return clone_without_mm(request)
+    if form is DecodeForm.IDENTITY_ONLY:
+        return identity_only(request)
+    return request
+
+
+def build_decode_leg(
+    request: Request, decode_worker: WorkerCapability
+) -> tuple[DecodeForm, Request]:
+    """Decide the form for ``decode_worker`` and build the leg.
+
+    Raises the carve-out errors of :func:`~pd_policy.sequential_pd_decode_form`.
+    """
+    form = sequential_pd_decode_form(request, decode_worker)
+    return form, decode_leg(request, form)

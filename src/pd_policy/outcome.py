@@ -1,0 +1,100 @@
+"""The whole policy on one request, as data: the form and leg it yields, or the error.
+
+This is what the CLI explains, the demo tabulates and the conformance vectors
+record. ``plan`` runs the same steps a router runs: decide, build the leg, and,
+when told what the prefill returned, relay the KV parameters and check the
+handoff.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from .decision import DecodeForm
+from .errors import PolicyError
+from .handoff import ensure_kv_handoff, relay_kv
+from .legs import build_decode_leg
+from .request import LegacyKvParams, Request, kv_params_text
+from .salt import decode_cache_salt, upstream_decode_cache_salt
+from .worker import WorkerCapability
+
+__all__ = ["Outcome", "PrefillResult", "plan"]
+
+
+@attrs.frozen(slots=True)
+class PrefillResult:
+    """What the prefill leg returned about the KV handoff (nothing, for a failed handoff)."""
+
+    kv_transfer_params: str | None = attrs.field(
+        default=None,
+        converter=kv_params_text,
+    )
+    kv_legacy: LegacyKvParams | None = None
+
+    @classmethod
+    def returned(cls, params: Mapping[str, Any] | str) -> PrefillResult:
+        """A prefill that returned ``params`` (a JSON object or its text)."""
+        return cls(kv_transfer_params=kv_params_text(params))
+
+    @classmethod
+    def nothing(cls) -> PrefillResult:
+        """A prefill that returned no KV parameters."""
+        return cls()
+
+
+@attrs.frozen(slots=True)
+class Outcome:
+    """The result of :func:`plan`: either a form and leg, or an error."""
+
+    form: DecodeForm | None
+    leg: Request | None
+    #: The salt a decode worker gives the leg (:func:`pd_policy.decode_cache_salt`).
+    cache_salt: str | None
+    #: What an SMG servicer gives the same leg (:func:`pd_policy.upstream_decode_cache_salt`).
+    upstream_cache_salt: str | None
+    error: PolicyError | None = attrs.field(default=None, eq=False)
+    #: Whether the post-prefill handoff check ran.
+    handoff_checked: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when the request can be served."""
+        return self.error is None
+
+    @property
+    def status(self) -> int:
+        """200 when the request can be served, else the error's HTTP status."""
+        return 200 if self.error is None else self.error.status
+
+    @property
+    def error_code(self) -> str | None:
+        """The error's code, or ``None``."""
+        return None if self.error is None else self.error.code
+
+
+def plan(
+    request: Request, decode_worker: WorkerCapability, prefill: PrefillResult | None = None
+) -> Outcome:
+    """Run the policy on ``request`` for ``decode_worker``; never raises ``PolicyError``.
+
+    With ``prefill`` (what the prefill leg returned), the leg also gets the
+    relayed KV parameters and the post-prefill check runs.
+    """
+    try:
+        form, leg = build_decode_leg(request, decode_worker)
+        if prefill is not None:
+            leg = relay_kv(leg, prefill.kv_transfer_params, prefill.kv_legacy)
+            ensure_kv_handoff(request, form, leg)
+    except PolicyError as exc:
+        return Outcome(None, None, None, None, exc, prefill is not None)
+    return Outcome(
+        form,
+        leg,
+        decode_cache_salt(leg),
+        upstream_decode_cache_salt(leg),
+        None,
+        prefill is not None,
+    )

@@ -1,0 +1,95 @@
+"""The docs tables, rendered from the code so the docs cannot drift from it.
+
+``docs/decisions.md`` and ``docs/errors.md`` hold these tables between
+``<!-- BEGIN GENERATED: name -->`` and ``<!-- END GENERATED: name -->``
+markers; a test checks that they are current and ``pd-policy tables --write``
+rewrites them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from .decision import DecodeForm, sequential_pd_decode_form
+from .errors import ERROR_CATALOG, PolicyError
+from .request import Request
+from .scenarios import image_request, media_ref_request, mrope_request, text_request
+from .worker import VisionSupport, WorkerCapability
+
+__all__ = ["TABLES", "decision_table", "error_table", "splice"]
+
+_WORKERS: Final = (
+    ("vision-capable (`true`)", WorkerCapability(VisionSupport.TRUE)),
+    ("unknown (no label)", WorkerCapability(VisionSupport.UNKNOWN)),
+    ("language-model-only (`false`)", WorkerCapability(VisionSupport.FALSE)),
+)
+
+_REQUESTS: Final[tuple[tuple[str, Request], ...]] = (
+    ("text, n=1", text_request()),
+    ("text, n>1", text_request(n=2)),
+    ("grid-less image, n=1", image_request()),
+    ("grid-less image, n>1", image_request(n=2)),
+    ("M-RoPE grids, n=1", mrope_request()),
+    ("M-RoPE grids, n>1", mrope_request(n=2)),
+    ("media references, n=1", media_ref_request()),
+    ("media references, n>1", media_ref_request(n=2)),
+)
+
+
+def _cell(request: Request, worker: WorkerCapability) -> str:
+    try:
+        form = sequential_pd_decode_form(request, worker)
+    except PolicyError as exc:
+        return f"{exc.status} `{exc.code}`"
+    return f"`{form.name}`" + (" + KV" if request.relays_kv else "")
+
+
+def decision_table() -> str:
+    """The decision table: request shape by decode worker, each cell computed by the code."""
+    head = "| request | " + " | ".join(name for name, _ in _WORKERS) + " |"
+    rule = "|---" * (len(_WORKERS) + 1) + "|"
+    rows = [
+        f"| {label} | " + " | ".join(_cell(req, w) for _, w in _WORKERS) + " |"
+        for label, req in _REQUESTS
+    ]
+    legend = ", ".join(f"`{f.name}`" for f in DecodeForm)
+    return "\n".join(
+        [
+            head,
+            rule,
+            *rows,
+            "",
+            f'Forms: {legend}. "+ KV": the prefill\'s KV parameters are relayed.',
+        ]
+    )
+
+
+def error_table() -> str:
+    """The error catalog as a table."""
+    lines = ["| code | HTTP | retryable | meaning |", "|---|---|---|---|"]
+    for entry in ERROR_CATALOG.values():
+        status = "from gRPC status" if entry.status is None else str(entry.status)
+        retry = "default rules" if entry.retryable else "no"
+        lines.append(f"| `{entry.code}` | {status} | {retry} | {entry.meaning} |")
+    return "\n".join(lines)
+
+
+#: Every generated table, by the name its markers use.
+TABLES: Final[dict[str, Callable[[], str]]] = {
+    "decisions": decision_table,
+    "errors": error_table,
+}
+
+
+def splice(document: str, name: str, table: str) -> str:
+    """Replace the generated block called ``name`` in ``document`` with ``table``.
+
+    Raises ``ValueError`` if the markers are missing.
+    """
+    begin, end = f"<!-- BEGIN GENERATED: {name} -->", f"<!-- END GENERATED: {name} -->"
+    head, sep, rest = document.partition(begin)
+    _, sep2, tail = rest.partition(end)
+    if not (sep and sep2):
+        raise ValueError(f"no generated block {name!r} in the document")
+    return f"{head}{begin}\n{table}\n{end}{tail}"

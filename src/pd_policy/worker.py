@@ -1,0 +1,127 @@
+"""What a decode worker can do, as far as the policy is concerned."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+import attrs
+
+from .errors import MalformedRequest
+
+__all__ = [
+    "MM_MEDIA_REF_SCHEMES_LABEL",
+    "MM_PROCESSOR_LABEL",
+    "SUPPORTS_VISION_LABEL",
+    "VisionSupport",
+    "WorkerCapability",
+]
+
+#: Worker label that carries ``GetModelInfoResponse.supports_vision``.
+SUPPORTS_VISION_LABEL: Final = "supports_vision"
+#: Worker label that carries ``GetServerInfoResponse.mm_processor``.
+MM_PROCESSOR_LABEL: Final = "mm_processor"
+#: Worker label that carries ``GetServerInfoResponse.mm_media_ref_schemes`` (comma-separated).
+MM_MEDIA_REF_SCHEMES_LABEL: Final = "mm_media_ref_schemes"
+
+
+class VisionSupport(enum.Enum):
+    """Whether a worker has a live multimodal encoder.
+
+    Tri-state on purpose: only a worker that *says* false is language-model-only.
+    An old servicer that never reports it stays ``UNKNOWN`` and keeps today's
+    behaviour (it is treated as vision-capable).
+    """
+
+    TRUE = "true"
+    FALSE = "false"
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def from_bool(cls, value: bool | None) -> VisionSupport:
+        """``True``/``False`` map to ``TRUE``/``FALSE``; ``None`` to ``UNKNOWN``."""
+        if value is None:
+            return cls.UNKNOWN
+        return cls.TRUE if value else cls.FALSE
+
+    def to_bool(self) -> bool | None:
+        """The inverse of :meth:`from_bool`."""
+        return None if self is VisionSupport.UNKNOWN else self is VisionSupport.TRUE
+
+
+_MM_PROCESSORS: Final = frozenset({"", "inprocess", "redis"})
+
+
+def _check_processor(_inst: object, _attr: attrs.Attribute[str], value: str) -> None:
+    if value not in _MM_PROCESSORS:
+        raise MalformedRequest(
+            "mm_processor must be '', 'inprocess' or 'redis'", param="mm_processor"
+        )
+
+
+def _to_schemes(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise MalformedRequest("mm_media_ref_schemes must be a sequence", "mm_media_ref_schemes")
+    items = tuple(value)
+    if not all(isinstance(s, str) and s for s in items):
+        raise MalformedRequest(
+            "mm_media_ref_schemes must hold non-empty strings", param="mm_media_ref_schemes"
+        )
+    return tuple(s.lower() for s in items)
+
+
+@attrs.frozen(slots=True)
+class WorkerCapability:
+    """A worker's advertised capability.
+
+    ``supports_vision`` is tri-state (see :class:`VisionSupport`).
+    ``mm_processor`` is non-empty exactly when the worker processes media
+    references itself; ``mm_media_ref_schemes`` are the URL schemes it accepts.
+    """
+
+    supports_vision: VisionSupport = attrs.field(
+        default=VisionSupport.UNKNOWN, validator=attrs.validators.instance_of(VisionSupport)
+    )
+    mm_processor: str = attrs.field(default="", validator=_check_processor)
+    mm_media_ref_schemes: tuple[str, ...] = attrs.field(default=(), converter=_to_schemes)
+
+    @property
+    def language_model_only(self) -> bool:
+        """True only when the worker explicitly reports no vision support."""
+        return self.supports_vision is VisionSupport.FALSE
+
+    @property
+    def accepts_media_refs(self) -> bool:
+        """True when the worker advertises worker-side media processing."""
+        return bool(self.mm_processor)
+
+    @classmethod
+    def from_labels(cls, labels: Mapping[str, str]) -> WorkerCapability:
+        """Build from a gateway's flattened worker labels.
+
+        Only the exact value ``"false"`` of :data:`SUPPORTS_VISION_LABEL` makes a
+        worker language-model-only, as in the SMG gateway; ``"true"`` makes it
+        vision-capable and anything else (or no label) leaves it unknown.
+        Raises :class:`~pd_policy.errors.MalformedRequest` for an unknown processor.
+        """
+        vision = labels.get(SUPPORTS_VISION_LABEL)
+        support = {"true": VisionSupport.TRUE, "false": VisionSupport.FALSE}.get(
+            vision or "", VisionSupport.UNKNOWN
+        )
+        schemes = labels.get(MM_MEDIA_REF_SCHEMES_LABEL, "")
+        return cls(
+            supports_vision=support,
+            mm_processor=labels.get(MM_PROCESSOR_LABEL, ""),
+            mm_media_ref_schemes=tuple(s.strip() for s in schemes.split(",") if s.strip()),
+        )
+
+    def to_labels(self) -> dict[str, str]:
+        """The labels :meth:`from_labels` reads back into an equal capability."""
+        labels = {
+            MM_PROCESSOR_LABEL: self.mm_processor,
+            MM_MEDIA_REF_SCHEMES_LABEL: ",".join(self.mm_media_ref_schemes),
+        }
+        if self.supports_vision is not VisionSupport.UNKNOWN:
+            labels[SUPPORTS_VISION_LABEL] = self.supports_vision.value
+        return labels
