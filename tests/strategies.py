@@ -33,7 +33,7 @@ adversarial_text = st.one_of(
 )
 hashes = st.one_of(st.text(alphabet="0123456789abcdef", min_size=1, max_size=64), adversarial_text)
 
-TENSOR_NAMES = sorted(MROPE_GRID_KEYS) + ["image_sizes", "aspect_ratios", "patch_sizes", "x"]
+TENSOR_NAMES = [*sorted(MROPE_GRID_KEYS), "image_sizes", "aspect_ratios", "patch_sizes", "x"]
 locations = st.sampled_from(list(PayloadLocation))
 
 

@@ -76,12 +76,13 @@ def test_a_media_processor_is_advertised_only_by_a_vision_worker_whose_probe_pas
         probe_succeeded=True,
     )
     assert advert == MediaProcessorAdvert("inprocess", ("https", "data"), "mm-processor-v2")
-    for vision, probe, processor in [
+    cases: list[tuple[bool | VisionSupport, bool, str]] = [
         (False, True, "inprocess"),
         (VisionSupport.FALSE, True, "redis"),
         (True, False, "inprocess"),
         (True, True, ""),
-    ]:
+    ]
+    for vision, probe, processor in cases:
         assert (
             advertise_media_processor(
                 configured_processor=processor,

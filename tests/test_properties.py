@@ -218,7 +218,7 @@ def test_the_salt_fold_resists_splits_joins_and_reorders(parts: list[str], salt:
             if list(p) != image
         ),
     ]
-    seen = {(tuple(image), salt)}
+    seen: set[tuple[tuple[tuple[Modality, str], ...], str | None]] = {(tuple(image), salt)}
     for items, s in variants:
         if (tuple(items), s) in seen:  # repeated parts permute into the same input
             continue

@@ -16,7 +16,7 @@ from pd_policy import (
 )
 from pd_policy.scenarios import image_request
 
-I, V = Modality.IMAGE, Modality.VIDEO
+IMG, VID = Modality.IMAGE, Modality.VIDEO
 
 
 def test_upstream_format_for_parity() -> None:
@@ -24,7 +24,7 @@ def test_upstream_format_for_parity() -> None:
     assert upstream_cache_salt([]) is None
     # The upstream format is ambiguous; ours is not.
     assert upstream_cache_salt(["a,b"]) == upstream_cache_salt(["a", "b"])
-    assert fold_salt([(I, "a,b")]) != fold_salt([(I, "a"), (I, "b")])
+    assert fold_salt([(IMG, "a,b")]) != fold_salt([(IMG, "a"), (IMG, "b")])
 
 
 def test_no_hashes_passes_the_callers_salt_through() -> None:
@@ -33,16 +33,16 @@ def test_no_hashes_passes_the_callers_salt_through() -> None:
 
 
 def test_different_images_differ_and_the_same_image_repeats() -> None:
-    a, b = fold_salt([(I, "A")]), fold_salt([(I, "B")])
+    a, b = fold_salt([(IMG, "A")]), fold_salt([(IMG, "B")])
     assert a != b
-    assert fold_salt([(I, "A")]) == a
+    assert fold_salt([(IMG, "A")]) == a
 
 
 def test_order_modality_and_tenant_all_count() -> None:
-    assert fold_salt([(I, "A"), (I, "B")]) != fold_salt([(I, "B"), (I, "A")])
-    assert fold_salt([(I, "A")]) != fold_salt([(V, "A")])
-    assert fold_salt([(I, "A")], "tenant-1") != fold_salt([(I, "A")], "tenant-2")
-    assert fold_salt([(I, "A")], None) != fold_salt([(I, "A")], "")
+    assert fold_salt([(IMG, "A"), (IMG, "B")]) != fold_salt([(IMG, "B"), (IMG, "A")])
+    assert fold_salt([(IMG, "A")]) != fold_salt([(VID, "A")])
+    assert fold_salt([(IMG, "A")], "tenant-1") != fold_salt([(IMG, "A")], "tenant-2")
+    assert fold_salt([(IMG, "A")], None) != fold_salt([(IMG, "A")], "")
 
 
 def test_the_encoding_is_pinned() -> None:
@@ -54,11 +54,11 @@ def test_the_encoding_is_pinned() -> None:
         + (1).to_bytes(8, "big")
         + b"I" + (1).to_bytes(8, "big") + b"A"
     ).hexdigest()  # fmt: skip
-    assert fold_salt([(I, "A")], "tenant") == "mm1:" + expected
+    assert fold_salt([(IMG, "A")], "tenant") == "mm1:" + expected
 
 
 def test_the_length_is_bounded_however_many_images() -> None:
-    many = [(I, "h" * 64)] * 10_000
+    many = [(IMG, "h" * 64)] * 10_000
     folded = fold_salt(many, "s" * 10_000)
     assert folded is not None
     assert len(folded) == 68
@@ -70,7 +70,7 @@ def test_decode_cache_salt_folds_only_payload_free_legs() -> None:
     assert decode_cache_salt(request) == "tenant"
     assert upstream_decode_cache_salt(request) is None
     stripped = request.derive(batches=(MultimodalBatch(mm_hashes=("A", "B")),))
-    assert decode_cache_salt(stripped) == fold_salt([(I, "A"), (I, "B")], "tenant")
+    assert decode_cache_salt(stripped) == fold_salt([(IMG, "A"), (IMG, "B")], "tenant")
     assert fold_cache_salt(stripped) == decode_cache_salt(stripped)
     assert upstream_decode_cache_salt(stripped) == "mm:A,B"
     text = Request("r", input_ids=(1,), cache_salt="tenant")

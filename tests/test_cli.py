@@ -1,0 +1,121 @@
+"""The ``pd-policy`` command, run in-process and as ``python -m pd_policy``."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pd_policy import ERROR_CATALOG, request_to_json
+from pd_policy.cli import main
+from pd_policy.scenarios import SCENARIOS, image_request, mrope_request
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    status = main(list(argv), out)
+    return status, out.getvalue()
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    paths = {}
+    for name, doc in {
+        "image": request_to_json(image_request(cache_salt="tenant-secret")),
+        "mrope": request_to_json(mrope_request()),
+        "lm_only": {"supports_vision": False},
+        "vision": {"supports_vision": True},
+        "kv": {"do_remote_prefill": True},
+        "bad": {"request_id": "r", "input_ids": [1], "n": "two"},
+    }.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(doc))
+        paths[name] = str(path)
+    return paths
+
+
+def test_explain_a_stripped_leg(files: dict[str, str]) -> None:
+    status, out = run(
+        "explain", files["image"], "--decode-worker", files["lm_only"], "--prefill-kv", files["kv"]
+    )
+    assert status == 0
+    assert "TEXT_PLUS_HASHES" in out
+    assert "KV relayed" in out
+    assert "mm1:" in out
+    assert "tenant-secret" not in out
+
+
+def test_explain_json(files: dict[str, str]) -> None:
+    status, out = run("explain", files["image"], "--decode-worker", files["lm_only"], "--json")
+    doc = json.loads(out)
+    assert status == 0
+    assert doc["form"] == "text_plus_hashes"
+    assert doc["decode_leg"]["batches"] == [
+        {"modality": "image", "mm_hashes": [image_request().batches[0].mm_hashes[0]]}
+    ]
+    assert doc["cache_salt"].startswith("mm1:")
+    assert doc["upstream_cache_salt"].startswith("mm:")
+
+
+def test_explain_refusals(files: dict[str, str]) -> None:
+    status, out = run("explain", files["mrope"], "--decode-worker", files["lm_only"])
+    assert status == 1
+    assert "400 pd_decode_language_model_only_mrope" in out
+    status, out = run(
+        "explain",
+        files["image"],
+        "--decode-worker",
+        files["lm_only"],
+        "--prefill-returned-nothing",
+        "--json",
+    )
+    assert (status, json.loads(out)["status"]) == (1, 502)
+    status, out = run("explain", files["bad"], "--decode-worker", files["vision"], "--json")
+    assert status == 1
+    assert json.loads(out)["error"]["param"] == "n"
+
+
+def test_explain_unreadable_input(files: dict[str, str], tmp_path: Path) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    assert run("explain", str(broken), "--decode-worker", files["vision"])[0] == 2
+    assert (
+        run("explain", str(tmp_path / "missing.json"), "--decode-worker", files["vision"])[0] == 2
+    )
+
+
+def test_errors_lists_the_catalog() -> None:
+    status, out = run("errors", "--json")
+    assert status == 0
+    assert [row["code"] for row in json.loads(out)] == list(ERROR_CATALOG)
+
+
+def test_demo_runs_every_scenario() -> None:
+    status, out = run("demo", "--json")
+    rows = json.loads(out)
+    assert status == 0
+    assert [r["scenario"] for r in rows] == [s.name for s in SCENARIOS]
+    assert [r["status"] for r in rows] == [200, 200, 400, 400, 400, 200, 502, 200]
+    assert [r.get("form") or r["error"]["code"] for r in rows] == [
+        "identity_only",
+        "text_plus_hashes",
+        "pd_decode_language_model_only_mrope",
+        "pd_decode_language_model_only_media_refs",
+        "pd_decode_language_model_only_n_samples",
+        "text_plus_hashes",
+        "pd_decode_missing_kv_transfer_params",
+        "text_plus_hashes",
+    ]
+    status, table = run("demo")
+    assert all(s.name in table for s in SCENARIOS)
+
+
+def test_python_dash_m() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pd_policy", "errors"], capture_output=True, text=True, check=True
+    )
+    assert "pd_decode_missing_kv_transfer_params" in done.stdout
