@@ -14,6 +14,7 @@ from pd_policy import (
     PrefillResult,
     Request,
     WorkerFailedToStart,
+    WorkerStreamError,
     grpc_status_to_http,
     plan,
 )
@@ -40,6 +41,8 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
         *CONTRACT,
         "prefill_worker_failed_to_start",
         "decode_worker_failed_to_start",
+        "prefill_stream_error",
+        "decode_stream_error",
     }
 
 
@@ -93,6 +96,15 @@ def test_worker_failures_map_from_grpc(grpc: str, http: int, retryable: bool) ->
         "decode_worker_failed_to_start",
     )
     assert exc.message == "Decode worker failed to start: boom"
+
+
+def test_a_stream_error_names_its_leg() -> None:
+    exc = WorkerStreamError("prefill", "INTERNAL", "engine died")
+    assert (exc.code, exc.status, exc.message) == (
+        "prefill_stream_error",
+        500,
+        "Prefill stream failed: engine died",
+    )
 
 
 def test_a_sidecar_timeout_is_not_retried() -> None:

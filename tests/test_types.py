@@ -113,7 +113,7 @@ def test_kv_params_text_is_kept_verbatim() -> None:
         (lambda: TensorDescriptor("t", (1,), "f", PayloadLocation.NONE, 8), "nbytes"),
         (lambda: MediaRef(Modality.IMAGE, ""), "url"),
         (lambda: LegacyKvParams("h", 70000), "remote_port"),
-        (lambda: WorkerCapability(mm_processor="magic"), "mm_processor"),
+        (lambda: WorkerCapability(mm_processor=3), "mm_processor"),  # type: ignore[arg-type]
         (lambda: WorkerCapability(mm_media_ref_schemes="https"), "mm_media_ref_schemes"),
     ],
 )

@@ -36,9 +36,10 @@ from .errors import (
     NSamplesOnLanguageModelOnlyDecode,
     PolicyError,
     WorkerFailedToStart,
+    WorkerStreamError,
     grpc_status_to_http,
 )
-from .handoff import ensure_kv_handoff, relay_kv
+from .handoff import check_kv_handoff, ensure_kv_handoff, relay_kv
 from .legs import build_decode_leg, clone_without_mm, decode_leg, identity_only
 from .mrope import MROPE_GRID_KEYS, has_mrope_grids
 from .outcome import Outcome, PrefillResult, plan
@@ -97,8 +98,10 @@ __all__ = [
     "VisionSupport",
     "WorkerCapability",
     "WorkerFailedToStart",
+    "WorkerStreamError",
     "advertise_media_processor",
     "build_decode_leg",
+    "check_kv_handoff",
     "clone_without_mm",
     "decide_decode_form",
     "decode_cache_salt",

@@ -31,6 +31,7 @@ __all__ = [
     "NSamplesOnLanguageModelOnlyDecode",
     "PolicyError",
     "WorkerFailedToStart",
+    "WorkerStreamError",
     "grpc_status_to_http",
 ]
 
@@ -210,10 +211,12 @@ def grpc_status_to_http(grpc_status: str) -> int:
 
 
 class WorkerFailedToStart(PolicyError):
-    """A prefill or decode worker refused or failed a leg at the transport level.
+    """A prefill or decode worker refused or failed a leg before its first output.
 
     Unlike the policy's own refusals, its status follows the worker's gRPC status
-    and it may be retryable. ``leg`` is ``"prefill"`` or ``"decode"``.
+    (``grpc_status`` is the status name, e.g. ``"UNAVAILABLE"``) and it may be
+    retryable. ``leg`` is ``"prefill"`` or ``"decode"``; ``detail`` is the
+    worker's own message.
     """
 
     code = "worker_failed_to_start"
@@ -221,6 +224,8 @@ class WorkerFailedToStart(PolicyError):
     meaning = "A worker failed to start a leg; the status is mapped from its gRPC status."
 
     _LEGS: ClassVar[frozenset[str]] = frozenset({"prefill", "decode"})
+    _SUFFIX: ClassVar[str] = "worker_failed_to_start"
+    _WHAT: ClassVar[str] = "worker failed to start"
 
     def __init__(self, leg: str, grpc_status: str, detail: str = "") -> None:
         if leg not in self._LEGS:
@@ -228,9 +233,9 @@ class WorkerFailedToStart(PolicyError):
         self.leg = leg
         self.grpc_status = grpc_status
         self.detail = detail
-        self.code = f"{leg}_worker_failed_to_start"
+        self.code = f"{leg}_{self._SUFFIX}"
         self.status = grpc_status_to_http(grpc_status)
-        super().__init__(f"{leg.capitalize()} worker failed to start: {detail}".rstrip(": "))
+        super().__init__(f"{leg.capitalize()} {self._WHAT}: {detail}".rstrip(": "))
 
     @property
     def retryable(self) -> bool:
@@ -238,6 +243,13 @@ class WorkerFailedToStart(PolicyError):
         if self.grpc_status == "UNAVAILABLE" and "sidecar_timeout" in self.detail:
             return False
         return self.status in RETRYABLE_STATUSES
+
+
+class WorkerStreamError(WorkerFailedToStart):
+    """A worker's leg failed after it had started streaming."""
+
+    _SUFFIX = "stream_error"
+    _WHAT = "stream failed"
 
 
 @attrs.frozen(slots=True)
@@ -267,18 +279,19 @@ def _build_catalog() -> Mapping[str, CatalogEntry]:
         cls.code: CatalogEntry(cls.code, cls.status, False, cls.meaning, cls)
         for cls in _POLICY_ERRORS
     }
+    mapping = (
+        "The status is mapped from its gRPC status (INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED "
+        "429, INTERNAL 500, UNAVAILABLE 503, DEADLINE_EXCEEDED 504, others 500); retryable "
+        "under the default rules (408, 429, 5xx) except a sidecar time-out."
+    )
     for leg in ("prefill", "decode"):
         code = f"{leg}_worker_failed_to_start"
-        rows[code] = CatalogEntry(
-            code,
-            None,
-            True,
-            f"The {leg} worker failed its leg at the transport level. The status is mapped "
-            "from its gRPC status (INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429, INTERNAL 500, "
-            "UNAVAILABLE 503, DEADLINE_EXCEEDED 504, others 500); retryable under the default "
-            "rules (408, 429, 5xx) except a sidecar time-out.",
-            WorkerFailedToStart,
-        )
+        what = f"The {leg} worker failed its leg before its first output. "
+        rows[code] = CatalogEntry(code, None, True, what + mapping, WorkerFailedToStart)
+    for leg in ("prefill", "decode"):
+        code = f"{leg}_stream_error"
+        what = f"The {leg} worker's stream failed after it had started. "
+        rows[code] = CatalogEntry(code, None, True, what + mapping, WorkerStreamError)
     return MappingProxyType(rows)
 
 

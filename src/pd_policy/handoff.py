@@ -9,7 +9,7 @@ from .decision import DecodeForm
 from .errors import MissingKvTransferParams
 from .request import LegacyKvParams, Request
 
-__all__ = ["ensure_kv_handoff", "relay_kv"]
+__all__ = ["check_kv_handoff", "ensure_kv_handoff", "relay_kv"]
 
 
 def relay_kv(
@@ -44,9 +44,20 @@ def ensure_kv_handoff(original: Request, form: DecodeForm, leg: Request) -> None
 
     Raises :class:`~pd_policy.errors.MissingKvTransferParams` (502, non-retryable).
     """
-    if (
-        form is DecodeForm.TEXT_PLUS_HASHES
-        and original.has_mm_inputs
-        and not leg.has_kv_transfer_params
-    ):
+    check_kv_handoff(
+        form,
+        has_mm_inputs=original.has_mm_inputs,
+        has_kv_transfer_params=leg.has_kv_transfer_params,
+    )
+
+
+def check_kv_handoff(
+    form: DecodeForm, *, has_mm_inputs: bool, has_kv_transfer_params: bool
+) -> None:
+    """The check of :func:`ensure_kv_handoff`, over the facts it reads.
+
+    Adapters that read the facts off a wire message call this, so the rule has
+    one implementation. Raises :class:`~pd_policy.errors.MissingKvTransferParams`.
+    """
+    if form is DecodeForm.TEXT_PLUS_HASHES and has_mm_inputs and not has_kv_transfer_params:
         raise MissingKvTransferParams()

@@ -50,14 +50,11 @@ class VisionSupport(enum.Enum):
         return None if self is VisionSupport.UNKNOWN else self is VisionSupport.TRUE
 
 
-_MM_PROCESSORS: Final = frozenset({"", "inprocess", "redis"})
-
-
 def _check_processor(_inst: object, _attr: attrs.Attribute[str], value: str) -> None:
-    if value not in _MM_PROCESSORS:
-        raise MalformedRequest(
-            "mm_processor must be '', 'inprocess' or 'redis'", param="mm_processor"
-        )
+    # Any name is accepted ("inprocess" and "redis" today): a newer servicer's processor
+    # must not make its capability unreadable.
+    if not isinstance(value, str):
+        raise MalformedRequest("mm_processor must be a string", param="mm_processor")
 
 
 def _to_schemes(value: object) -> tuple[str, ...]:
