@@ -25,6 +25,7 @@ from pd_policy import (
     build_decode_leg,
     clone_without_mm,
     ensure_kv_handoff,
+    ensure_language_model_only_leg,
     fold_salt,
     has_mrope_grids,
     identity_only,
@@ -263,3 +264,26 @@ def test_kv_is_relayed_only_for_a_single_sample(
         assert leg.kv_transfer_params_dict() == returned
     else:
         assert leg == request
+
+
+@given(requests(), workers)
+def test_a_built_stripped_leg_always_passes_the_worker_guard(
+    request: Request, worker: WorkerCapability
+) -> None:
+    try:
+        form, leg = build_decode_leg(request, WorkerCapability(VisionSupport.FALSE))
+    except PolicyError:
+        return
+    assert form is DecodeForm.TEXT_PLUS_HASHES
+    ensure_language_model_only_leg(leg)
+
+
+@given(requests(mm=True))
+def test_the_worker_guard_refuses_any_payload_or_placeholder(request: Request) -> None:
+    unservable = any(b.carries_payload or b.placeholders for b in request.batches)
+    try:
+        ensure_language_model_only_leg(request)
+    except PolicyError as exc:
+        assert exc.status == 400
+    else:
+        assert not unservable

@@ -40,7 +40,13 @@ from .errors import (
     grpc_status_to_http,
 )
 from .handoff import check_kv_handoff, ensure_kv_handoff, relay_kv
-from .legs import build_decode_leg, clone_without_mm, decode_leg, identity_only
+from .legs import (
+    build_decode_leg,
+    clone_without_mm,
+    decode_leg,
+    ensure_language_model_only_leg,
+    identity_only,
+)
 from .mrope import MROPE_GRID_KEYS, has_mrope_grids
 from .outcome import Outcome, PrefillResult, plan
 from .request import LegacyKvParams, MediaRef, Request
@@ -108,6 +114,7 @@ __all__ = [
     "decode_leg",
     "derive_supports_vision",
     "ensure_kv_handoff",
+    "ensure_language_model_only_leg",
     "fold_cache_salt",
     "fold_salt",
     "grpc_status_to_http",

@@ -7,8 +7,9 @@ stay byte-for-byte what the router built, pixels and references included).
 from __future__ import annotations
 
 from .batch import MultimodalBatch
-from .decision import DecodeForm, sequential_pd_decode_form
-from .mrope import MROPE_GRID_KEYS
+from .decision import DecodeForm, decide_decode_form, sequential_pd_decode_form
+from .errors import MultimodalNotSupported
+from .mrope import MROPE_GRID_KEYS, has_mrope_grids
 from .request import Request
 from .worker import WorkerCapability
 
@@ -16,6 +17,7 @@ __all__ = [
     "build_decode_leg",
     "clone_without_mm",
     "decode_leg",
+    "ensure_language_model_only_leg",
     "hash_identity",
     "identity_only",
     "mm_identity",
@@ -116,3 +118,30 @@ def build_decode_leg(
     """
     form = sequential_pd_decode_form(request, decode_worker)
     return form, decode_leg(request, form)
+
+
+def ensure_language_model_only_leg(leg: Request) -> None:
+    """Refuse a leg that a language-model-only engine cannot serve, before the engine sees it.
+
+    The worker-side guard: a leg for such an engine must be a plain token prompt
+    plus content hashes. Raises, in this order, the decision's carve-outs
+    (M-RoPE grids, media references, n>1 with batches), then
+    :class:`~pd_policy.errors.MultimodalNotSupported` for a batch that still
+    carries pixels, tensors or placeholders. vLLM would otherwise fail deep in
+    its input processor ("exceeds the pre-allocated encoder cache size 0").
+    """
+    decide_decode_form(
+        language_model_only=True,
+        n=leg.n,
+        has_mrope_grids=has_mrope_grids(leg),
+        has_media_refs=bool(leg.media_refs),
+        has_mm_inputs=leg.has_mm_inputs,
+    )
+    for i, batch in enumerate(leg.batches):
+        if batch.carries_payload or batch.placeholders:
+            raise MultimodalNotSupported(
+                "this worker runs as a language model only, without a vision encoder, and the "
+                "request still carries multimodal pixels, tensors or placeholders; send the "
+                "stripped decode leg (input_ids, kv_transfer_params and content hashes)",
+                param=f"batches[{i}]",
+            )
