@@ -18,7 +18,7 @@ $(VENV)/.core: pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.test: pyproject.toml | $(VENV)/bin/python
-	$(PIP) -e '.[test]'
+	$(PIP) -e '.[test,grpc]'
 	touch $@
 
 demo: $(VENV)/.core

@@ -1,0 +1,60 @@
+"""pd-policy on the SMG vLLM engine protos (``smg-grpc-proto``), and a sequential P/D client.
+
+A router that speaks to vLLM workers over gRPC applies the core policy to its
+``GenerateRequest`` messages directly: the leg builders here have exactly the
+core's semantics, copy no payload a leg drops, and raise the core's errors.
+"""
+
+from __future__ import annotations
+
+from .capability import capability_from_info, capability_from_labels, worker_labels
+from .client import SequentialPd
+from .kv import (
+    NIXL_PREFILL_PARAMS,
+    KvConnectorMode,
+    ensure_kv_handoff,
+    kv_mode_from_server_info,
+    prefill_leg,
+    relay_kv,
+)
+from .legs import build_decode_leg, clone_without_mm, decode_form, has_mrope_grids, identity_only
+from .status import GrpcStatus, HttpError, error_from_rpc, grpc_status, http_error
+from .view import (
+    check_generate_request,
+    has_kv_transfer_params,
+    has_media_refs,
+    has_mm_inputs,
+    parse_generate_request,
+    request_view,
+    tensor_descriptor,
+)
+
+__all__ = [
+    "NIXL_PREFILL_PARAMS",
+    "GrpcStatus",
+    "HttpError",
+    "KvConnectorMode",
+    "SequentialPd",
+    "build_decode_leg",
+    "capability_from_info",
+    "capability_from_labels",
+    "check_generate_request",
+    "clone_without_mm",
+    "decode_form",
+    "ensure_kv_handoff",
+    "error_from_rpc",
+    "grpc_status",
+    "has_kv_transfer_params",
+    "has_media_refs",
+    "has_mm_inputs",
+    "has_mrope_grids",
+    "http_error",
+    "identity_only",
+    "kv_mode_from_server_info",
+    "parse_generate_request",
+    "prefill_leg",
+    "relay_kv",
+    "request_view",
+    "tensor_descriptor",
+    "worker_labels",
+]

@@ -1,0 +1,46 @@
+"""docs/grpc.md's router example runs against engines on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from engines import LanguageModelOnlyDecodeEngine, PrefillEngine, answer, serve_address
+from proto_strategies import to_proto
+
+from pd_policy.scenarios import image_request, mrope_request
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "grpc.md"
+
+
+def load_route() -> Callable[..., Awaitable[tuple[int, Any]]]:
+    (block,) = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+    assert len(block.strip().splitlines()) < 30
+    namespace: dict[str, Any] = {}
+    exec(compile(block, str(DOC), "exec"), namespace)
+    route: Callable[..., Awaitable[tuple[int, Any]]] = namespace["route"]
+    return route
+
+
+def test_the_router_example_serves_and_refuses() -> None:
+    route = load_route()
+    decode = LanguageModelOnlyDecodeEngine()
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            prefill_at = await stack.enter_async_context(serve_address(PrefillEngine()))
+            decode_at = await stack.enter_async_context(serve_address(decode))
+            status, tokens = await route(to_proto(image_request()), prefill_at, decode_at)
+            assert status == 200
+            assert tokens == answer(decode.requests[0])
+            status, body = await route(to_proto(mrope_request()), prefill_at, decode_at)
+            assert status == 400
+            assert json.loads(body)["error"]["code"] == "pd_decode_language_model_only_mrope"
+            assert len(decode.requests) == 1
+
+    asyncio.run(main())

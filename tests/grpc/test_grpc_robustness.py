@@ -1,0 +1,100 @@
+"""Random, truncated and inconsistent messages each give a clear typed error."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from proto_strategies import protos, to_proto
+
+import pd_policy_grpc
+from pd_policy import MalformedRequest, PolicyError, VisionSupport, WorkerCapability
+from pd_policy.scenarios import image_request
+from pd_policy_grpc import parse_generate_request, request_view
+from pd_policy_grpc.wire import common, pb
+
+
+@given(st.binary(max_size=256))
+def test_random_bytes_parse_or_give_a_typed_400(data: bytes) -> None:
+    try:
+        request = parse_generate_request(data)
+    except MalformedRequest as exc:
+        assert exc.status == 400
+    else:
+        request_view(request)  # a message that parses and checks has a view
+
+
+@given(protos(), st.data())
+def test_truncated_messages_give_a_typed_400_or_a_consistent_message(
+    proto: pb.GenerateRequest, data: st.DataObject
+) -> None:
+    wire = proto.SerializeToString()
+    cut = data.draw(st.integers(0, max(len(wire) - 1, 0)))
+    try:
+        request = parse_generate_request(wire[:cut])
+    except MalformedRequest:
+        return
+    for support in VisionSupport:
+        try:
+            pd_policy_grpc.build_decode_leg(request, WorkerCapability(support))
+        except PolicyError as exc:
+            assert exc.status == 400
+
+
+def image() -> pb.GenerateRequest:
+    return to_proto(image_request())
+
+
+def corrupt_placeholder(msg: pb.GenerateRequest) -> None:
+    msg.mm_inputs.mm_placeholders[0].length = 10_000
+
+
+def corrupt_hash(msg: pb.GenerateRequest) -> None:
+    msg.mm_inputs.mm_hashes[0] = ""
+
+
+def refs_with_batches(msg: pb.GenerateRequest) -> None:
+    msg.media_refs.items.add(modality=common.IMAGE, url="https://x/y.png")
+
+
+def no_input(msg: pb.GenerateRequest) -> None:
+    msg.ClearField("tokenized")
+
+
+def bad_kv(msg: pb.GenerateRequest) -> None:
+    msg.kv_transfer_params_json = "[1, 2]"
+
+
+def unknown_modality(msg: pb.GenerateRequest) -> None:
+    msg.mm_inputs.modality = 42
+
+
+def placeholder_on_text(msg: pb.GenerateRequest) -> None:
+    msg.text = "hello"
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "param"),
+    [
+        (corrupt_placeholder, "mm_inputs.mm_placeholders[0]"),
+        (corrupt_hash, "mm_inputs.mm_hashes[0]"),
+        (refs_with_batches, "media_refs"),
+        (no_input, "input"),
+        (bad_kv, "kv_transfer_params_json"),
+        (unknown_modality, "mm_inputs.modality"),
+        (placeholder_on_text, "mm_inputs.mm_placeholders[0]"),
+    ],
+)
+def test_inconsistent_fields_are_named(corrupt: object, param: str) -> None:
+    msg = image()
+    corrupt(msg)  # type: ignore[operator]
+    for call in (
+        request_view,
+        lambda m: pd_policy_grpc.build_decode_leg(m, WorkerCapability(VisionSupport.FALSE)),
+        lambda m: parse_generate_request(m.SerializeToString()),
+    ):
+        with pytest.raises(MalformedRequest) as exc:
+            call(msg)
+        assert exc.value.param == param
+        assert exc.value.status == 400
+        assert "https://x" not in exc.value.message
