@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test lint typecheck pytest docs-tables clean
+.PHONY: demo test lint typecheck pytest docs-tables bench clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,8 @@ demo: $(VENV)/.core
 	$(VENV)/bin/pd-policy demo
 
 lint: $(VENV)/.test
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
 
 typecheck: $(VENV)/.test
 	$(VENV)/bin/mypy
@@ -43,3 +43,7 @@ docs-tables: $(VENV)/.core
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# Benchmarks: prints a table, writes bench/results.json and docs/performance.md.
+bench: $(VENV)/.test
+	$(PY) bench/run.py

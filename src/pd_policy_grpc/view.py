@@ -110,32 +110,12 @@ def check_generate_request(request: pb.GenerateRequest) -> None:
         raise _fail("input", "set either tokenized or text")
     n_ids = len(request.tokenized.input_ids) if which == "tokenized" else -1
     if has_media_refs(request):
-        if has_mm_inputs(request):
-            raise _fail("media_refs", "media_refs cannot be combined with mm_inputs")
-        if n_ids < 0:
-            raise _fail("media_refs", "media_refs require tokenized input")
-        for i, ref in enumerate(request.media_refs.items):
-            if not ref.url:
-                raise _fail(f"media_refs.items[{i}].url", "a media reference needs a URL")
-            if modality_from_wire(ref.modality) is None:
-                raise _fail(f"media_refs.items[{i}].modality", "unknown modality")
-    for path, batch in batches_with_paths(request):
-        if modality_from_wire(batch.modality) is None:
-            raise _fail(f"{path}.modality", "unknown modality")
-        for i, digest in enumerate(batch.mm_hashes):
-            if not digest:
-                raise _fail(f"{path}.mm_hashes[{i}]", "a content hash must not be empty")
-        placeholders = batch.mm_placeholders
-        for i, ph in enumerate(placeholders):
-            where = f"{path}.mm_placeholders[{i}]"
-            if ph.length == 0:
-                raise _fail(where, "a placeholder range must cover at least one token")
-            if ph.offset + ph.length > n_ids:
-                detail = "runs past input_ids" if n_ids >= 0 else "needs tokenized input"
-                raise _fail(where, f"[{ph.offset}, {ph.offset + ph.length}) {detail}")
-        hashes = len(batch.mm_hashes)
-        if placeholders and hashes and len(placeholders) != hashes:
-            raise _fail(f"{path}.mm_hashes", f"{len(placeholders)} placeholders, {hashes} hashes")
+        _check_media_refs(request, n_ids)
+    # Runs on every request a router routes: paths are only built on failure.
+    if request.HasField("mm_inputs"):
+        _check_batch(request.mm_inputs, n_ids, -1)
+    for i, extra in enumerate(request.extra_mm_inputs):
+        _check_batch(extra, n_ids, i)
     if request.HasField("kv_transfer_params_json"):
         try:
             parsed = json.loads(request.kv_transfer_params_json)
@@ -143,6 +123,47 @@ def check_generate_request(request: pb.GenerateRequest) -> None:
             parsed = None
         if not isinstance(parsed, dict):
             raise _fail("kv_transfer_params_json", "must be the text of a JSON object")
+
+
+def _batch_path(index: int) -> str:
+    return "mm_inputs" if index < 0 else f"extra_mm_inputs[{index}]"
+
+
+def _check_media_refs(request: pb.GenerateRequest, n_ids: int) -> None:
+    if has_mm_inputs(request):
+        raise _fail("media_refs", "media_refs cannot be combined with mm_inputs")
+    if n_ids < 0:
+        raise _fail("media_refs", "media_refs require tokenized input")
+    for i, ref in enumerate(request.media_refs.items):
+        if not ref.url:
+            raise _fail(f"media_refs.items[{i}].url", "a media reference needs a URL")
+        if modality_from_wire(ref.modality) is None:
+            raise _fail(f"media_refs.items[{i}].modality", "unknown modality")
+
+
+def _check_batch(batch: pb.MultimodalInputs, n_ids: int, index: int) -> None:
+    if modality_from_wire(batch.modality) is None:
+        raise _fail(f"{_batch_path(index)}.modality", "unknown modality")
+    hashes = batch.mm_hashes
+    if not all(hashes):
+        empty = list(hashes).index("")
+        raise _fail(f"{_batch_path(index)}.mm_hashes[{empty}]", "a content hash must not be empty")
+    placeholders = batch.mm_placeholders
+    if not placeholders:
+        return
+    for i, ph in enumerate(placeholders):
+        offset, length = ph.offset, ph.length
+        if length == 0 or offset + length > n_ids:
+            where = f"{_batch_path(index)}.mm_placeholders[{i}]"
+            if length == 0:
+                raise _fail(where, "a placeholder range must cover at least one token")
+            detail = "runs past input_ids" if n_ids >= 0 else "needs tokenized input"
+            raise _fail(where, f"[{offset}, {offset + length}) {detail}")
+    if hashes and len(placeholders) != len(hashes):
+        raise _fail(
+            f"{_batch_path(index)}.mm_hashes",
+            f"{len(placeholders)} placeholders, {len(hashes)} hashes",
+        )
 
 
 def parse_generate_request(data: bytes) -> pb.GenerateRequest:

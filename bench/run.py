@@ -1,0 +1,312 @@
+"""``make bench``: what the policy costs next to the request it routes.
+
+Timing is ``timeit`` with warm-up, repeats and medians; every ratio compares
+cases measured in this one run, on this machine. Prints a table, writes
+``bench/results.json`` and rewrites the table in ``docs/performance.md``.
+
+Run: ``python bench/run.py [--quick] [--no-docs]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import timeit
+import tracemalloc
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import google.protobuf
+
+import grpc
+import pd_policy
+import pd_policy_grpc
+from pd_policy import (
+    Modality,
+    MultimodalBatch,
+    PayloadLocation,
+    PlaceholderRange,
+    Request,
+    TensorDescriptor,
+    VisionSupport,
+    WorkerCapability,
+    clone_without_mm,
+    fold_salt,
+    sequential_pd_decode_form,
+)
+from pd_policy.tables import splice
+from pd_policy_grpc.wire import common, pb
+
+ROOT = Path(__file__).resolve().parent.parent
+MIB = 1 << 20
+IMAGES, IDS = 8, 4096
+LM_ONLY = WorkerCapability(VisionSupport.FALSE)
+KV = '{"do_remote_prefill":true,"do_remote_decode":false,"transfer_id":"xfer-0123456789abcdef"}'
+
+TARGETS = {
+    "flat_in_pixels": ("build_decode_leg at 64 MiB ÷ at 0 MiB", "<=", 1.2),
+    "naive_over_leg": ("naive at 64 MiB ÷ build_decode_leg at 64 MiB", ">=", 50.0),
+    "leg_over_floor": ("build_decode_leg ÷ floor (both serialized), at 64 MiB", "<=", 2.0),
+    "decision_us": ("decision median (µs), two image batches, LM-only worker", "<=", 5.0),
+    "memory_64_over_0": ("memory added at 64 MiB ÷ at 0 MiB", "<=", 1.5),
+}
+
+
+def median_seconds(fn: Callable[[], object], *, repeat: int, min_time: float) -> float:
+    """Median seconds per call: calibrate a loop count, warm up, then ``repeat`` timed loops."""
+    timer = timeit.Timer(fn)
+    number, _ = timer.autorange()
+    while number * timer.timeit(1) < min_time and number < 1 << 22:
+        number *= 2
+    timer.timeit(number)  # warm-up
+    return statistics.median(t / number for t in timer.repeat(repeat=repeat, number=number))
+
+
+# --- inputs ------------------------------------------------------------------------
+
+
+def core_request(images: int, *, batches: int = 1) -> Request:
+    per = 16
+    ids = tuple(range(4, 4 + 8)) + (32000,) * (per * images) + (13, 14)
+    out = []
+    for b in range(batches):
+        pixels = TensorDescriptor(
+            "pixel_values", (images, 3, 336, 336), "float32", PayloadLocation.INLINE, 1
+        )
+        out.append(
+            MultimodalBatch(
+                modality=Modality.IMAGE,
+                pixel_values=pixels,
+                placeholders=[PlaceholderRange(8 + i * per, per) for i in range(images)]
+                if b == 0
+                else (),
+                mm_hashes=tuple(f"{b}{i:063x}" for i in range(images)),
+                im_token_id=32000,
+            )
+        )
+    return Request("bench", input_ids=ids, batches=out, kv_transfer_params=KV, cache_salt="tenant")
+
+
+def wire_request(pixel_bytes: int) -> pb.GenerateRequest:
+    per = IDS // (IMAGES + 1)
+    msg = pb.GenerateRequest(request_id="bench", tokenized=pb.TokenizedInput(input_ids=[7] * IDS))
+    msg.sampling_params.max_tokens = 64
+    msg.sampling_params.temperature = 0.0
+    batch = msg.mm_inputs
+    batch.modality = common.IMAGE
+    batch.pixel_values.shape.extend([IMAGES, max(pixel_bytes // IMAGES // 4, 0)])
+    batch.pixel_values.dtype = "float32"
+    batch.pixel_values.inline = bytes(pixel_bytes)
+    for i in range(IMAGES):
+        batch.mm_placeholders.add(offset=i * per, length=per)
+        batch.mm_hashes.append(f"{i:064x}")
+    msg.kv_transfer_params_json = KV
+    return msg
+
+
+def naive_leg(msg: pb.GenerateRequest) -> bytes:
+    leg = pb.GenerateRequest()
+    leg.CopyFrom(msg)
+    leg.ClearField("mm_inputs")
+    leg.ClearField("extra_mm_inputs")
+    leg.ClearField("media_refs")
+    for_hashes = pb.MultimodalInputs(
+        mm_hashes=msg.mm_inputs.mm_hashes, modality=msg.mm_inputs.modality
+    )
+    leg.mm_inputs.CopyFrom(for_hashes)
+    return leg.SerializeToString()
+
+
+def floor_leg(msg: pb.GenerateRequest) -> bytes:
+    leg = pb.GenerateRequest(
+        request_id=msg.request_id, kv_transfer_params_json=msg.kv_transfer_params_json
+    )
+    leg.tokenized.input_ids.extend(msg.tokenized.input_ids)
+    leg.mm_inputs.mm_hashes.extend(msg.mm_inputs.mm_hashes)
+    leg.mm_inputs.modality = msg.mm_inputs.modality
+    return leg.SerializeToString()
+
+
+def our_leg(msg: pb.GenerateRequest) -> bytes:
+    return pd_policy_grpc.build_decode_leg(msg, LM_ONLY)[1].SerializeToString()
+
+
+def our_leg_prechecked(msg: pb.GenerateRequest) -> bytes:
+    # A router that ran check_generate_request on ingress (parse_generate_request does).
+    return pd_policy_grpc.build_decode_leg(msg, LM_ONLY, check=False)[1].SerializeToString()
+
+
+# --- memory ------------------------------------------------------------------------
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_added(msg: pb.GenerateRequest, legs: int = 16) -> dict[str, float]:
+    """Bytes one decode leg adds: Python allocations (tracemalloc peak) and process RSS.
+
+    upb allocates message storage outside Python's allocator, so RSS growth while
+    holding ``legs`` legs is measured too, per leg.
+    """
+    gc.collect()
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    one = pd_policy_grpc.build_decode_leg(msg, LM_ONLY)
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    del one
+    gc.collect()
+    before = rss_bytes()
+    held = [pd_policy_grpc.build_decode_leg(msg, LM_ONLY)[1] for _ in range(legs)]
+    per_leg = max(rss_bytes() - before, 0) / legs
+    del held
+    return {"tracemalloc_peak_bytes": peak, "rss_per_leg_bytes": per_leg}
+
+
+# --- run ---------------------------------------------------------------------------
+
+
+def run(quick: bool) -> dict[str, Any]:
+    repeat, min_time = (3, 0.05) if quick else (7, 0.2)
+    cases: dict[str, float] = {}
+
+    def bench(name: str, fn: Callable[[], object]) -> None:
+        cases[name] = median_seconds(fn, repeat=repeat, min_time=min_time)
+        print(f"  {name:48s} {cases[name] * 1e6:12.2f} µs", file=sys.stderr)
+
+    two_batches, text = core_request(2, batches=2), Request("t", input_ids=tuple(range(64)))
+    bench(
+        "decision/two_image_batches/lm_only",
+        lambda: sequential_pd_decode_form(two_batches, LM_ONLY),
+    )
+    bench("decision/text/lm_only", lambda: sequential_pd_decode_form(text, LM_ONLY))
+    for images in (1, 8, 64):
+        request = core_request(images)
+        identities = [(Modality.IMAGE, h) for h in request.batches[0].mm_hashes]
+        bench(f"core/clone_without_mm/{images}_images", partial(clone_without_mm, request))
+        bench(f"core/fold_salt/{images}_images", partial(fold_salt, identities, "tenant"))
+    for mib in (0, 1, 16, 64):
+        msg = wire_request(mib * MIB)
+        bench(
+            f"grpc/build_decode_leg/{mib}MiB",
+            partial(pd_policy_grpc.build_decode_leg, msg, LM_ONLY),
+        )
+        bench(f"grpc/build_decode_leg+serialize/{mib}MiB", partial(our_leg, msg))
+        bench(
+            f"grpc/build_decode_leg(check=False)+serialize/{mib}MiB",
+            partial(our_leg_prechecked, msg),
+        )
+        bench(f"grpc/naive/{mib}MiB", partial(naive_leg, msg))
+        bench(f"grpc/floor/{mib}MiB", partial(floor_leg, msg))
+    memory = {f"{mib}MiB": memory_added(wire_request(mib * MIB)) for mib in (0, 64)}
+
+    def mem(key: str) -> float:
+        return max(memory[key]["tracemalloc_peak_bytes"], 1.0)
+
+    ratios = {
+        "flat_in_pixels": cases["grpc/build_decode_leg/64MiB"]
+        / cases["grpc/build_decode_leg/0MiB"],
+        "naive_over_leg": cases["grpc/naive/64MiB"]
+        / cases["grpc/build_decode_leg+serialize/64MiB"],
+        "leg_over_floor": cases["grpc/build_decode_leg+serialize/64MiB"]
+        / cases["grpc/floor/64MiB"],
+        "decision_us": cases["decision/two_image_batches/lm_only"] * 1e6,
+        "memory_64_over_0": mem("64MiB") / mem("0MiB"),
+    }
+    informative = {
+        "prechecked_leg_over_floor": cases["grpc/build_decode_leg(check=False)+serialize/64MiB"]
+        / cases["grpc/floor/64MiB"],
+        "check_share": 1
+        - cases["grpc/build_decode_leg(check=False)+serialize/64MiB"]
+        / cases["grpc/build_decode_leg+serialize/64MiB"],
+    }
+    verdicts = {}
+    for key, (_, op, target) in TARGETS.items():
+        value = ratios[key]
+        verdicts[key] = value <= target if op == "<=" else value >= target
+    return {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "versions": {
+            "pd_policy": pd_policy.__version__,
+            "protobuf": google.protobuf.__version__,
+            "grpcio": grpc.__version__,
+        },
+        "method": f"timeit, warm-up, {repeat} repeats of >= {min_time}s, median per call",
+        "cases_median_seconds": cases,
+        "memory": memory,
+        "ratios": ratios,
+        "informative_ratios": informative,
+        "targets_met": verdicts,
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = ["| ratio | target | measured | met |", "|---|---|---|---|"]
+    for key, (label, op, target) in TARGETS.items():
+        value = results["ratios"][key]
+        ok = "yes" if results["targets_met"][key] else "**no**"
+        lines.append(f"| {label} | {op} {target:g} | {value:.3g} | {ok} |")
+    info = results["informative_ratios"]
+    lines += [
+        "",
+        f"Informative: build_decode_leg(check=False) ÷ floor = "
+        f"{info['prechecked_leg_over_floor']:.3g} (a router that checked the message on "
+        f"ingress); the wire check is {info['check_share']:.0%} of the default call.",
+    ]
+    lines += ["", "| case | median |", "|---|---|"]
+    for name, seconds in results["cases_median_seconds"].items():
+        lines.append(f"| `{name}` | {seconds * 1e6:.2f} µs |")
+    lines += [
+        "",
+        "| memory, one decode leg | Python peak (tracemalloc) | RSS per held leg |",
+        "|---|---|---|",
+    ]
+    for key, value in results["memory"].items():
+        lines.append(
+            f"| {key} of pixels | {value['tracemalloc_peak_bytes'] / 1024:.1f} KiB"
+            f" | {value['rss_per_leg_bytes'] / 1024:.1f} KiB |"
+        )
+    machine = results["machine"]
+    lines += [
+        "",
+        f"Measured on {machine['platform']}, {machine['cpus']} CPUs, Python {machine['python']}, "
+        f"protobuf {results['versions']['protobuf']}, grpcio {results['versions']['grpcio']}; "
+        f"{results['method']}.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats")
+    parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/performance.md")
+    args = parser.parse_args()
+    results = run(args.quick)
+    (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    rendered = table(results)
+    print(rendered)
+    if not args.no_docs:
+        doc = ROOT / "docs" / "performance.md"
+        doc.write_text(
+            splice(doc.read_text(encoding="utf-8"), "performance", rendered), encoding="utf-8"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
