@@ -43,7 +43,10 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
         "decode_worker_failed_to_start",
         "prefill_stream_error",
         "decode_stream_error",
+        "no_decode_worker_available",
     }
+    assert ERROR_CATALOG["no_decode_worker_available"].status == 503
+    assert ERROR_CATALOG["no_decode_worker_available"].retryable
 
 
 def test_every_policy_error_class_is_in_the_catalog() -> None:

@@ -33,6 +33,7 @@ from .errors import (
     MissingKvTransferParams,
     MropeOnLanguageModelOnlyDecode,
     MultimodalNotSupported,
+    NoDecodeWorkerAvailable,
     NSamplesOnLanguageModelOnlyDecode,
     PolicyError,
     WorkerFailedToStart,
@@ -59,6 +60,7 @@ from .salt import (
     upstream_cache_salt,
     upstream_decode_cache_salt,
 )
+from .selection import DecodeCandidate, ensure_model_accepts_media, select_decode_workers
 from .tensor import PayloadLocation, TensorDescriptor
 from .worker import (
     MM_MEDIA_REF_SCHEMES_LABEL,
@@ -80,6 +82,7 @@ __all__ = [
     "SALT_FOLD_VERSION",
     "SUPPORTS_VISION_LABEL",
     "CatalogEntry",
+    "DecodeCandidate",
     "DecodeForm",
     "EngineFacts",
     "LegacyKvParams",
@@ -94,6 +97,7 @@ __all__ = [
     "MultimodalBatch",
     "MultimodalNotSupported",
     "NSamplesOnLanguageModelOnlyDecode",
+    "NoDecodeWorkerAvailable",
     "Outcome",
     "PayloadLocation",
     "PlaceholderRange",
@@ -115,6 +119,7 @@ __all__ = [
     "derive_supports_vision",
     "ensure_kv_handoff",
     "ensure_language_model_only_leg",
+    "ensure_model_accepts_media",
     "fold_cache_salt",
     "fold_salt",
     "grpc_status_to_http",
@@ -124,6 +129,7 @@ __all__ = [
     "relay_kv",
     "request_from_json",
     "request_to_json",
+    "select_decode_workers",
     "sequential_pd_decode_form",
     "upstream_cache_salt",
     "upstream_decode_cache_salt",

@@ -29,6 +29,7 @@ __all__ = [
     "MropeOnLanguageModelOnlyDecode",
     "MultimodalNotSupported",
     "NSamplesOnLanguageModelOnlyDecode",
+    "NoDecodeWorkerAvailable",
     "PolicyError",
     "WorkerFailedToStart",
     "WorkerStreamError",
@@ -67,10 +68,13 @@ class PolicyError(Exception):
         """The HTTP status a gateway should answer with (the h11 name for ``status``)."""
         return self.status
 
+    #: Whether a gateway may retry this kind of error (the catalog's answer).
+    may_retry: ClassVar[bool] = False
+
     @property
     def retryable(self) -> bool:
-        """Whether a gateway may retry: never, for the policy's own errors."""
-        return False
+        """Whether a gateway may retry: never, for the policy's own refusals."""
+        return self.may_retry
 
     @property
     def error_type(self) -> str:
@@ -190,6 +194,20 @@ class MultimodalNotSupported(PolicyError):
     )
 
 
+class NoDecodeWorkerAvailable(PolicyError):
+    """There is no decode worker to choose from."""
+
+    code = "no_decode_worker_available"
+    status = 503
+    meaning = (
+        "No decode worker is registered for the request's model; a worker may join, so a "
+        "gateway may retry."
+    )
+    default_message = "no decode worker is available for this request"
+    # Unlike the policy's refusals, this one depends on the pool, which changes.
+    may_retry = True
+
+
 #: gRPC status names (``grpc.StatusCode.X.name``) and the HTTP status a failed leg maps to.
 _GRPC_TO_HTTP: Final[Mapping[str, int]] = MappingProxyType(
     {
@@ -271,12 +289,13 @@ _POLICY_ERRORS: Final = (
     MissingKvTransferParams,
     MultimodalNotSupported,
     MalformedRequest,
+    NoDecodeWorkerAvailable,
 )
 
 
 def _build_catalog() -> Mapping[str, CatalogEntry]:
     rows: dict[str, CatalogEntry] = {
-        cls.code: CatalogEntry(cls.code, cls.status, False, cls.meaning, cls)
+        cls.code: CatalogEntry(cls.code, cls.status, cls.may_retry, cls.meaning, cls)
         for cls in _POLICY_ERRORS
     }
     mapping = (

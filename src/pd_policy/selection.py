@@ -1,0 +1,107 @@
+"""Choosing decode workers before dispatch, and refusing media no worker can take.
+
+Upstream refuses an incompatible pairing only at dispatch, after the router has
+preprocessed the images. A router that knows each decode worker's capability
+can do better: never pick a language-model-only worker for a request it cannot
+serve while a capable one is available, and refuse media up front when no
+worker of the model has an encoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Generic, TypeVar
+
+import attrs
+
+from .decision import decide_decode_form
+from .errors import MultimodalNotSupported, NoDecodeWorkerAvailable, PolicyError
+from .mrope import has_mrope_grids
+from .request import Request
+from .worker import VisionSupport, WorkerCapability
+
+__all__ = ["DecodeCandidate", "ensure_model_accepts_media", "select_decode_workers"]
+
+T = TypeVar("T")
+
+
+@attrs.frozen(slots=True)
+class DecodeCandidate(Generic[T]):
+    """A decode worker the router could pick: its capability and the caller's own handle.
+
+    ``handle`` is opaque to the policy: a worker id, a load or score, a client.
+    """
+
+    worker: WorkerCapability
+    handle: T
+
+
+def select_decode_workers(
+    request: Request, candidates: Sequence[DecodeCandidate[T]]
+) -> list[DecodeCandidate[T]]:
+    """The candidates that can serve ``request``, in the caller's order of preference.
+
+    A candidate can serve it exactly when :func:`pd_policy.sequential_pd_decode_form`
+    would not raise for it. The decision depends on the worker only through
+    whether it is language-model-only, so it is made at most once; each
+    candidate costs one read of its capability.
+
+    Raises, when no candidate can serve the request, the carve-out error that
+    explains why (every candidate is language-model-only), before any
+    preprocessing; :class:`~pd_policy.errors.NoDecodeWorkerAvailable` (503)
+    when there are no candidates at all.
+    """
+    if not candidates:
+        raise NoDecodeWorkerAvailable()
+    refusal: PolicyError | None = None
+    decided = False
+    chosen: list[DecodeCandidate[T]] = []
+    for candidate in candidates:
+        if not candidate.worker.language_model_only:
+            chosen.append(candidate)
+            continue
+        if not decided:
+            decided = True
+            try:
+                decide_decode_form(
+                    language_model_only=True,
+                    n=request.n,
+                    has_mrope_grids=has_mrope_grids(request),
+                    has_media_refs=bool(request.media_refs),
+                    has_mm_inputs=request.has_mm_inputs,
+                )
+            except PolicyError as exc:
+                refusal = exc
+        if refusal is None:
+            chosen.append(candidate)
+    if not chosen:
+        assert refusal is not None  # every candidate was language-model-only and refused
+        raise refusal
+    return chosen
+
+
+def ensure_model_accepts_media(
+    request: Request, workers: Iterable[WorkerCapability], *, model: str | None = None
+) -> None:
+    """Refuse a multimodal request when every registered worker of the model lacks an encoder.
+
+    Runs before any preprocessing. A request with batches or media references
+    is refused with :class:`~pd_policy.errors.MultimodalNotSupported` (400) only
+    when the pool is non-empty and every worker says ``supports_vision=false``;
+    an empty pool, a mixed one, or one with a worker that does not say passes.
+    ``model`` only names the model in the message.
+    """
+    if not (request.has_mm_inputs or request.media_refs):
+        return
+    pool = iter(workers)
+    saw_any = False
+    for worker in pool:
+        saw_any = True
+        if worker.supports_vision is not VisionSupport.FALSE:
+            return
+    if saw_any:
+        named = f" by model {model!r}" if model else ""
+        raise MultimodalNotSupported(
+            f"multimodal input is not supported{named}: its workers run as a language model "
+            "only, without a vision encoder"
+        )

@@ -1,0 +1,122 @@
+"""Choosing decode workers before dispatch; refusing media no worker can take."""
+
+from __future__ import annotations
+
+import contextlib
+from unittest import mock
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import pd_policy.decision
+import pd_policy.selection
+from pd_policy import (
+    DecodeCandidate,
+    MropeOnLanguageModelOnlyDecode,
+    MultimodalNotSupported,
+    NoDecodeWorkerAvailable,
+    PolicyError,
+    Request,
+    VisionSupport,
+    WorkerCapability,
+    ensure_model_accepts_media,
+    select_decode_workers,
+    sequential_pd_decode_form,
+)
+from pd_policy.scenarios import image_request, mrope_request, text_request
+from strategies import requests, workers
+
+candidate_lists = st.lists(
+    st.builds(DecodeCandidate, workers, st.integers()), min_size=1, max_size=12
+)
+
+
+def serves(request: Request, worker: WorkerCapability) -> bool:
+    try:
+        sequential_pd_decode_form(request, worker)
+    except PolicyError:
+        return False
+    return True
+
+
+@given(requests(), candidate_lists)
+def test_selection_returns_exactly_the_servable_workers_in_order(
+    request: Request, candidates: list[DecodeCandidate[int]]
+) -> None:
+    expected = [c for c in candidates if serves(request, c.worker)]
+    try:
+        chosen = select_decode_workers(request, candidates)
+    except PolicyError as exc:
+        assert expected == []
+        # The error explains why: the carve-out every candidate hit.
+        with pytest.raises(type(exc)):
+            sequential_pd_decode_form(request, candidates[0].worker)
+    else:
+        assert chosen == expected
+        assert chosen  # never an empty answer: that case raises
+
+
+class CountingWorker:
+    """A capability stand-in that counts how often the selection reads it."""
+
+    def __init__(self, language_model_only: bool) -> None:
+        self._lm_only = language_model_only
+        self.reads = 0
+
+    @property
+    def language_model_only(self) -> bool:
+        self.reads += 1
+        return self._lm_only
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=50), requests())
+def test_selection_is_linear_with_one_decision(flags: list[bool], request: Request) -> None:
+    stand_ins = [CountingWorker(f) for f in flags]
+    candidates = [DecodeCandidate(w, i) for i, w in enumerate(stand_ins)]  # type: ignore[arg-type]
+    real = pd_policy.decision.decide_decode_form
+    with (
+        mock.patch.object(pd_policy.selection, "decide_decode_form", wraps=real) as decide,
+        contextlib.suppress(PolicyError),
+    ):
+        select_decode_workers(request, candidates)
+    assert decide.call_count <= 1
+    assert all(w.reads == 1 for w in stand_ins)
+
+
+def test_a_capable_worker_is_preferred_over_a_refusal() -> None:
+    lm_only = DecodeCandidate(WorkerCapability(VisionSupport.FALSE), "lm")
+    vision = DecodeCandidate(WorkerCapability(VisionSupport.TRUE), "vision")
+    assert select_decode_workers(mrope_request(), [lm_only, vision]) == [vision]
+    assert select_decode_workers(image_request(), [lm_only, vision]) == [lm_only, vision]
+    with pytest.raises(MropeOnLanguageModelOnlyDecode):
+        select_decode_workers(mrope_request(), [lm_only, lm_only])
+    with pytest.raises(NoDecodeWorkerAvailable):
+        select_decode_workers(text_request(), [])
+
+
+LM, VIS, UNK = (
+    WorkerCapability(s) for s in (VisionSupport.FALSE, VisionSupport.TRUE, VisionSupport.UNKNOWN)
+)
+
+
+@pytest.mark.parametrize(
+    ("pool", "refused"),
+    [
+        ([LM, LM], True),
+        ([LM], True),
+        ([], False),
+        ([LM, VIS], False),
+        ([LM, UNK], False),
+        ([UNK], False),
+    ],
+)
+def test_ensure_model_accepts_media(pool: list[WorkerCapability], refused: bool) -> None:
+    if refused:
+        with pytest.raises(MultimodalNotSupported) as exc:
+            ensure_model_accepts_media(image_request(), pool, model="tiny-llava")
+        assert exc.value.status == 400
+        assert "'tiny-llava'" in exc.value.message
+    else:
+        ensure_model_accepts_media(image_request(), pool)
+    ensure_model_accepts_media(text_request(), pool)  # text always passes
