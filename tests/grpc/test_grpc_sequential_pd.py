@@ -20,11 +20,13 @@ from proto_strategies import to_proto
 
 import pd_policy
 from pd_policy import (
+    DecodeCandidate,
     MediaRefsOnLanguageModelOnlyDecode,
     MissingKvTransferParams,
     MropeOnLanguageModelOnlyDecode,
     NSamplesOnLanguageModelOnlyDecode,
     PolicyError,
+    VisionSupport,
     WorkerFailedToStart,
 )
 from pd_policy.scenarios import image_request, media_ref_request, mrope_request, text_request
@@ -35,7 +37,11 @@ Scenario = Callable[[SequentialPd, PrefillEngine, Engine], Awaitable[None]]
 
 
 def run(
-    scenario: Scenario, *, decode: Engine | None = None, prefill: PrefillEngine | None = None
+    scenario: Scenario,
+    *,
+    decode: Engine | None = None,
+    prefill: PrefillEngine | None = None,
+    worker: pd_policy.WorkerCapability | None = None,
 ) -> None:
     async def main() -> None:
         p = prefill or PrefillEngine()
@@ -45,7 +51,8 @@ def run(
             d_channel = await stack.enter_async_context(serve(d))
             # The capability comes from the decode worker's own GetModelInfo, over the wire.
             info = await pb_grpc.VllmEngineStub(d_channel).GetModelInfo(pb.GetModelInfoRequest())
-            pd = SequentialPd(p_channel, d_channel, capability_from_info(info), timeout=10)
+            capability = worker or capability_from_info(info)
+            pd = SequentialPd(p_channel, d_channel, capability, timeout=10)
             await scenario(pd, p, d)
 
     asyncio.run(main())
@@ -147,7 +154,6 @@ def test_a_full_vision_decode_keeps_todays_forms() -> None:
 def test_without_the_policy_the_engine_fails_deep() -> None:
     # The bug the policy fixes: an identity leg sent to a language-model-only worker.
     async def scenario(pd: SequentialPd, p: PrefillEngine, d: Engine) -> None:
-        pd.decode_worker = pd_policy.WorkerCapability()  # an old servicer: unknown
         with pytest.raises(WorkerFailedToStart) as exc:
             await collect(pd, to_proto(image_request()))
         assert exc.value.code == "decode_worker_failed_to_start"
@@ -155,7 +161,7 @@ def test_without_the_policy_the_engine_fails_deep() -> None:
         assert "encoder cache size 0" in exc.value.message
         assert d.aborted == ["req-1"] and p.aborted == ["req-1"]
 
-    run(scenario)
+    run(scenario, worker=pd_policy.WorkerCapability())  # an old servicer: unknown
 
 
 def test_a_prefill_failure_names_its_leg() -> None:
@@ -197,3 +203,32 @@ def test_stopping_iteration_early_aborts_both_legs() -> None:
         assert d.aborted == ["req-1"] and p.aborted == ["req-1"]
 
     run(scenario)
+
+
+def test_several_decode_candidates_prefer_one_that_can_serve() -> None:
+    async def main() -> None:
+        p, lm_only, vision = (
+            PrefillEngine(),
+            LanguageModelOnlyDecodeEngine(),
+            FullVisionDecodeEngine(),
+        )
+        async with AsyncExitStack() as stack:
+            p_channel = await stack.enter_async_context(serve(p))
+            lm_channel = await stack.enter_async_context(serve(lm_only))
+            vision_channel = await stack.enter_async_context(serve(vision))
+            candidates = [
+                DecodeCandidate(pd_policy.WorkerCapability(VisionSupport.FALSE), lm_channel),
+                DecodeCandidate(pd_policy.WorkerCapability(VisionSupport.TRUE), vision_channel),
+            ]
+            pd = SequentialPd(p_channel, candidates, timeout=10)
+            await collect(pd, to_proto(image_request()))  # the first candidate can serve it
+            assert len(lm_only.requests) == 1 and vision.requests == []
+            await collect(pd, to_proto(mrope_request(request_id="qwen")))  # only vision can
+            assert len(lm_only.requests) == 1 and len(vision.requests) == 1
+            lm_only_pool = SequentialPd(p_channel, candidates[:1], timeout=10)
+            with pytest.raises(MropeOnLanguageModelOnlyDecode):
+                await collect(lm_only_pool, to_proto(mrope_request(request_id="no")))
+            with pytest.raises(TypeError):
+                SequentialPd(p_channel, lm_channel)
+
+    asyncio.run(main())
