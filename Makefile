@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test lint typecheck pytest docs-tables bench clean
+.PHONY: demo test lint typecheck pytest docs-tables bench vectors clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,3 +47,7 @@ clean:
 # Benchmarks: prints a table, writes bench/results.json and docs/performance.md.
 bench: $(VENV)/.test
 	$(PY) bench/run.py
+
+# Regenerate the committed conformance vectors (a test fails until they are current).
+vectors: $(VENV)/.core
+	$(VENV)/bin/pd-policy vectors tests/vectors/pd-policy-vectors.json

@@ -20,6 +20,7 @@ from .outcome import Outcome, PrefillResult, plan
 from .request import Request
 from .scenarios import SCENARIOS
 from .tables import TABLES, splice
+from .vectors import build_vectors, compare_results, dumps, run_vectors
 from .worker import WorkerCapability
 
 __all__ = ["main", "outcome_to_json", "summarize_leg"]
@@ -167,6 +168,39 @@ def _tables(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _vectors(args: argparse.Namespace, out: TextIO) -> int:
+    text = dumps(build_vectors())
+    if args.out == "-":
+        out.write(text)
+    else:
+        Path(args.out).write_text(text, encoding="utf-8")
+    return EXIT_OK
+
+
+def _run_vectors(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        document = _load_json(args.vectors)
+    except (OSError, ValueError) as exc:
+        print(f"pd-policy: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    out.write(dumps(run_vectors(document)))
+    return EXIT_OK
+
+
+def _check_vectors(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        vectors, results = _load_json(args.vectors), _load_json(args.results)
+    except (OSError, ValueError) as exc:
+        print(f"pd-policy: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    mismatches = compare_results(vectors, results)
+    for mismatch in mismatches:
+        out.write(f"MISMATCH {mismatch}\n")
+    total = len(vectors["cases"])
+    out.write(f"{total - len({m.case_id for m in mismatches})} of {total} cases match\n")
+    return EXIT_REFUSED if mismatches else EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pd-policy", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -191,6 +225,19 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print JSON")
     demo.set_defaults(run=_demo)
 
+    vectors = sub.add_parser("vectors", help="write the conformance vectors")
+    vectors.add_argument("out", help="output JSON file ('-' for stdout)")
+    vectors.set_defaults(run=_vectors)
+
+    run = sub.add_parser("run-vectors", help="this implementation's results for vectors")
+    run.add_argument("vectors", help="vectors JSON file")
+    run.set_defaults(run=_run_vectors)
+
+    check = sub.add_parser("check-vectors", help="compare another implementation's results")
+    check.add_argument("vectors", help="vectors JSON file")
+    check.add_argument("--results", required=True, help="their results JSON file")
+    check.set_defaults(run=_check_vectors)
+
     tables = sub.add_parser("tables", help="render a docs table from the code")
     tables.add_argument("name", choices=sorted(TABLES))
     tables.add_argument("--write", metavar="DOC", help="splice the table into this markdown file")
@@ -199,7 +246,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """Run the CLI; returns the exit status (0 served, 1 refused, 2 usage error)."""
+    """Run the CLI; returns the exit status.
+
+    0: served (or done); 1: the policy refused the request, or vectors mismatched;
+    2: unreadable input.
+    """
     args = _parser().parse_args(argv)
     status: int = args.run(args, out or sys.stdout)
     return status
