@@ -1,0 +1,60 @@
+"""The worker-side capability answers a servicer gives: ``supports_vision`` and the
+media-processor advertisement (contract section 6)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from pd_policy import MediaProcessorAdvert, advertise_media_processor, derive_supports_vision
+
+from .facts import engine_facts
+
+__all__ = ["media_processor_advert", "supports_vision"]
+
+logger = logging.getLogger(__name__)
+
+
+def supports_vision(source: object) -> bool:
+    """The ``supports_vision`` a worker serving ``source`` reports; never raises.
+
+    The core's :func:`pd_policy.derive_supports_vision` over
+    :func:`~pd_policy_vllm.engine_facts`. An unexpected failure (``source`` is not
+    a vLLM engine or config, say) logs a warning and answers false, as SMG's
+    servicer 0.14.1 does: a worker that cannot tell must not attract images.
+    """
+    try:
+        return derive_supports_vision(engine_facts(source))
+    except Exception:
+        logger.warning(
+            "could not tell whether %s encodes media; reporting supports_vision=false",
+            type(source).__name__,
+            exc_info=True,
+        )
+        return False
+
+
+def media_processor_advert(
+    engine: object,
+    /,
+    *,
+    configured_processor: str,
+    schemes: Iterable[str],
+    source: str,
+    probe_succeeded: bool,
+) -> MediaProcessorAdvert:
+    """What a servicer for ``engine`` advertises about worker-side media processing.
+
+    The core's :func:`pd_policy.advertise_media_processor`, with ``supports_vision``
+    read from ``engine`` (any of :func:`supports_vision`'s sources): a processor is
+    advertised only when one is configured, the engine encodes media and the
+    processor's probe succeeded. ``source`` is the processor's source, as in the
+    core. Never raises for a bad ``engine`` (it then advertises nothing).
+    """
+    return advertise_media_processor(
+        configured_processor=configured_processor,
+        schemes=schemes,
+        source=source,
+        supports_vision=supports_vision(engine),
+        probe_succeeded=probe_succeeded,
+    )

@@ -1,0 +1,88 @@
+"""Live vLLM on CPU: tiny local models and in-process engines, shared by the whole session.
+
+Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: 0.2-3 s to start
+instead of 20-45 s) with a 64 MiB KV cache (unbounded, vLLM sizes it to 90% of
+RAM and touches it all). No test may reach a model hub (``HF_HUB_OFFLINE=1``).
+At most four engines are alive at once: every engine fixture is session-scoped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from live_engines import BLOCK_SIZE, start_engine
+from tiny_models import BUILDERS, TinyModel
+
+# Nothing above imports vLLM (the helpers import it when called), so these are set before
+# it is. huggingface_hub reads HF_HUB_OFFLINE once, at import: if another test directory ever
+# imports vLLM or the hub first, these lines belong in tests/conftest.py, and this check says so.
+_TOO_EARLY = sorted({"vllm", "huggingface_hub"} & set(sys.modules))
+assert not _TOO_EARLY, f"{_TOO_EARLY} imported before tests/vllm set their environment"
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TinyModel]:
+    """Every tiny checkpoint, built once per session (about 6 s)."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {name: build(root / name) for name, build in BUILDERS.items()}
+
+
+@pytest.fixture(scope="session")
+def llama(tiny_models: dict[str, TinyModel]) -> TinyModel:
+    return tiny_models["llama"]
+
+
+@pytest.fixture(scope="session")
+def qwen2vl(tiny_models: dict[str, TinyModel]) -> TinyModel:
+    return tiny_models["qwen2vl"]
+
+
+@pytest.fixture(scope="session")
+def llava(tiny_models: dict[str, TinyModel]) -> TinyModel:
+    return tiny_models["llava"]
+
+
+def _engine(model: TinyModel, **overrides: Any) -> Iterator[Any]:
+    llm = start_engine(model, **overrides)
+    yield llm
+    # Free the engine's KV cache and workers before the next session-scoped one goes.
+    llm.llm_engine.engine_core.shutdown()
+
+
+@pytest.fixture(scope="session")
+def qwen2vl_engine(qwen2vl: TinyModel) -> Iterator[Any]:
+    """Qwen2-VL with its vision encoder (default limits)."""
+    yield from _engine(qwen2vl)
+
+
+@pytest.fixture(scope="session")
+def qwen2vl_lm_only_engine(qwen2vl: TinyModel) -> Iterator[Any]:
+    """Qwen2-VL with ``language_model_only=True``: no vision tower, encoder budget 0."""
+    yield from _engine(qwen2vl, language_model_only=True, block_size=BLOCK_SIZE)
+
+
+@pytest.fixture(scope="session")
+def llava_lm_only_engine(llava: TinyModel) -> Iterator[Any]:
+    """Grid-less LLaVA with ``language_model_only=True``: the decode worker of the policy."""
+    yield from _engine(llava, language_model_only=True, block_size=BLOCK_SIZE)
+
+
+@pytest.fixture(scope="session")
+def llama_engine(llama: TinyModel) -> Iterator[Any]:
+    """A text-only model."""
+    yield from _engine(llama)
+
+
+@pytest.fixture(scope="session")
+def kv_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Storage for a KV connector's configuration (no test moves KV through it)."""
+    return tmp_path_factory.mktemp("kv-store")
