@@ -287,3 +287,14 @@ def test_the_worker_guard_refuses_any_payload_or_placeholder(request: Request) -
         assert exc.status == 400
     else:
         assert not unservable
+
+
+@given(requests(mm=True))
+def test_an_mrope_worker_refuses_any_leg_that_still_names_media(request: Request) -> None:
+    leg = clone_without_mm(request)
+    try:
+        ensure_language_model_only_leg(leg, uses_mrope=True)
+    except MropeOnLanguageModelOnlyDecode:
+        assert leg.batches  # refused exactly when media identities remain
+    else:
+        assert not leg.batches

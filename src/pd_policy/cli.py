@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import __version__
-from .codec import request_from_json, request_to_json, worker_from_json
+from .codec import request_from_json, worker_from_json
 from .errors import ERROR_CATALOG, PolicyError
 from .outcome import Outcome, PrefillResult, plan
 from .request import Request
@@ -52,14 +52,7 @@ def outcome_to_json(outcome: Outcome) -> dict[str, Any]:
     """The outcome as JSON: the form, leg and salts, or the status and error body."""
     if outcome.error is not None:
         return {"status": outcome.status, "error": outcome.error.to_body()["error"]}
-    assert outcome.form is not None and outcome.leg is not None
-    return {
-        "status": 200,
-        "form": outcome.form.value,
-        "decode_leg": request_to_json(outcome.leg),
-        "cache_salt": outcome.cache_salt,
-        "upstream_cache_salt": outcome.upstream_cache_salt,
-    }
+    return outcome.served_json()
 
 
 def _load_json(path: str) -> Any:

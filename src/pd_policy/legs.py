@@ -120,7 +120,7 @@ def build_decode_leg(
     return form, decode_leg(request, form)
 
 
-def ensure_language_model_only_leg(leg: Request) -> None:
+def ensure_language_model_only_leg(leg: Request, *, uses_mrope: bool = False) -> None:
     """Refuse a leg that a language-model-only engine cannot serve, before the engine sees it.
 
     The worker-side guard: a leg for such an engine must be a plain token prompt
@@ -129,11 +129,17 @@ def ensure_language_model_only_leg(leg: Request) -> None:
     :class:`~pd_policy.errors.MultimodalNotSupported` for a batch that still
     carries pixels, tensors or placeholders. vLLM would otherwise fail deep in
     its input processor ("exceeds the pre-allocated encoder cache size 0").
+
+    ``uses_mrope`` is the worker's own knowledge that its model's positions are
+    M-RoPE (vLLM's ``ModelConfig.uses_mrope``). A stripped leg has lost its grids,
+    so only the worker can tell: a leg that still names media is then refused
+    with :class:`~pd_policy.errors.MropeOnLanguageModelOnlyDecode`, since decode
+    would rotate the image's tokens, and every token after them, as text.
     """
     decide_decode_form(
         language_model_only=True,
         n=leg.n,
-        has_mrope_grids=has_mrope_grids(leg),
+        has_mrope_grids=has_mrope_grids(leg) or (uses_mrope and leg.has_mm_inputs),
         has_media_refs=bool(leg.media_refs),
         has_mm_inputs=leg.has_mm_inputs,
     )

@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from .codec import request_to_json
 from .decision import DecodeForm
 from .errors import PolicyError
 from .handoff import ensure_kv_handoff, relay_kv
@@ -73,6 +74,22 @@ class Outcome:
     def error_code(self) -> str | None:
         """The error's code, or ``None``."""
         return None if self.error is None else self.error.code
+
+    def served_json(self) -> dict[str, Any]:
+        """A served outcome as JSON: status 200, the form, the leg and both salts.
+
+        Raises ``ValueError`` for a refused outcome, whose JSON form is the
+        caller's to choose (an error body, or the code and status alone).
+        """
+        if self.form is None or self.leg is None:
+            raise ValueError("a refused outcome has no form or leg")
+        return {
+            "status": 200,
+            "form": self.form.value,
+            "decode_leg": request_to_json(self.leg),
+            "cache_salt": self.cache_salt,
+            "upstream_cache_salt": self.upstream_cache_salt,
+        }
 
 
 def plan(

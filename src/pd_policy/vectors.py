@@ -13,7 +13,8 @@ Operations:
   the decode worker's salt in both formats, or the error;
 * ``select_decode_workers``: the indices of the candidates that can serve;
 * ``ensure_model_accepts_media``: pass, or the error;
-* ``worker_guard``: ``ensure_language_model_only_leg`` on a leg;
+* ``worker_guard``: ``ensure_language_model_only_leg`` on a leg (``uses_mrope``
+  optional);
 * ``fold_salt``: the salt for identities and a caller's salt, in both formats.
 """
 
@@ -91,16 +92,7 @@ def _plan_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
             else LegacyKvParams(legacy["remote_host"], legacy["remote_port"]),
         )
     outcome = plan(request, worker, prefill)
-    if outcome.error is not None:
-        return _error(outcome.error)
-    assert outcome.form is not None and outcome.leg is not None
-    return {
-        "status": 200,
-        "form": outcome.form.value,
-        "decode_leg": request_to_json(outcome.leg),
-        "cache_salt": outcome.cache_salt,
-        "upstream_cache_salt": outcome.upstream_cache_salt,
-    }
+    return _error(outcome.error) if outcome.error is not None else outcome.served_json()
 
 
 def _select_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
@@ -124,7 +116,9 @@ def _media_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
 
 def _guard_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
     try:
-        ensure_language_model_only_leg(request_from_json(case["request"]))
+        ensure_language_model_only_leg(
+            request_from_json(case["request"]), uses_mrope=case.get("uses_mrope", False)
+        )
     except PolicyError as exc:
         return _error(exc)
     return {"status": 200}
@@ -402,6 +396,14 @@ def _cases() -> list[dict[str, Any]]:
     }
     for name, leg in guard_legs.items():
         add(f"worker_guard/{name}", "the decode worker's guard", "worker_guard", request=_req(leg))
+    for name in ("stripped", "text"):
+        add(
+            f"worker_guard/{name}/mrope_model",
+            "the guard on an M-RoPE model's worker",
+            "worker_guard",
+            request=_req(guard_legs[name]),
+            uses_mrope=True,
+        )
     add(
         "refs/credentials/lm_only",
         "a media reference with credentials in its URL",

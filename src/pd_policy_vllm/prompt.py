@@ -16,7 +16,6 @@ import attrs
 
 from pd_policy import (
     MalformedRequest,
-    MropeOnLanguageModelOnlyDecode,
     MultimodalNotSupported,
     Request,
     decode_cache_salt,
@@ -136,9 +135,7 @@ def decode_inputs(
       else :class:`pd_policy.MalformedRequest` with ``param="n"``.
     """
     if language_model_only:
-        ensure_language_model_only_leg(leg)
-        if uses_mrope and leg.has_mm_inputs:
-            raise MropeOnLanguageModelOnlyDecode()
+        ensure_language_model_only_leg(leg, uses_mrope=uses_mrope)
     _ensure_token_prompt_leg(leg)
     requested_n = getattr(sampling_params, "n", 1)
     if requested_n != leg.n:
