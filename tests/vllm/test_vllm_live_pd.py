@@ -192,9 +192,9 @@ def test_the_hazard_without_the_salt_fold(baseline: Any, prefill: Any, decode: A
     # B's decode leg hashes like A's: the decode prefix cache serves A's blocks to B...
     assert local_hits(first_a) == 0
     assert local_hits(b) > 0
-    # ...and B gets an answer that is not B's. The fold exists to prevent exactly this.
+    # ...and B gets an answer that is not B's (A's KV for the image, B's for the tail it
+    # loaded). The fold exists to prevent exactly this.
     assert list(b.token_ids) != expected_b
-    assert list(b.token_ids) == list(first_a.token_ids)
 
 
 def test_the_partial_last_block_must_move(
