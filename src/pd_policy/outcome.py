@@ -70,11 +70,6 @@ class Outcome:
         """200 when the request can be served, else the error's HTTP status."""
         return 200 if self.error is None else self.error.status
 
-    @property
-    def error_code(self) -> str | None:
-        """The error's code, or ``None``."""
-        return None if self.error is None else self.error.code
-
     def served_json(self) -> dict[str, Any]:
         """A served outcome as JSON: status 200, the form, the leg and both salts.
 

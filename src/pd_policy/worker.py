@@ -50,6 +50,10 @@ class VisionSupport(enum.Enum):
         return None if self is VisionSupport.UNKNOWN else self is VisionSupport.TRUE
 
 
+#: Only these exact label values say anything; any other leaves support unknown.
+_LABEL_VALUES: Final = {"true": VisionSupport.TRUE, "false": VisionSupport.FALSE}
+
+
 def _check_processor(_inst: object, _attr: attrs.Attribute[str], value: str) -> None:
     # Any name is accepted ("inprocess" and "redis" today): a newer servicer's processor
     # must not make its capability unreadable.
@@ -102,10 +106,7 @@ class WorkerCapability:
         vision-capable and anything else (or no label) leaves it unknown.
         Raises :class:`~pd_policy.errors.MalformedRequest` for an unknown processor.
         """
-        vision = labels.get(SUPPORTS_VISION_LABEL)
-        support = {"true": VisionSupport.TRUE, "false": VisionSupport.FALSE}.get(
-            vision or "", VisionSupport.UNKNOWN
-        )
+        support = _LABEL_VALUES.get(labels.get(SUPPORTS_VISION_LABEL, ""), VisionSupport.UNKNOWN)
         schemes = labels.get(MM_MEDIA_REF_SCHEMES_LABEL, "")
         return cls(
             supports_vision=support,

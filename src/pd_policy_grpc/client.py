@@ -86,7 +86,8 @@ class SequentialPd:
         """Serve ``request``; yields the decode worker's responses. See the class docs."""
         chosen = self.choose(request)
         decode = self._stubs[id(chosen.handle)]
-        form, leg = build_decode_leg(request, chosen.worker)
+        # Choosing among several candidates already checked the message.
+        form, leg = build_decode_leg(request, chosen.worker, check=len(self.candidates) == 1)
         finished = False
         try:
             complete = await self._prefill_complete(prefill_leg(request, self.kv_mode))

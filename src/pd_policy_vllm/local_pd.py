@@ -46,7 +46,7 @@ from pd_policy import (
     TensorDescriptor,
     VisionSupport,
     WorkerCapability,
-    build_decode_leg,
+    decode_leg,
     ensure_kv_handoff,
     relay_kv,
     sequential_pd_decode_form,
@@ -193,7 +193,8 @@ class LocalPd:
         returned = prefilled.kv_transfer_params
 
         expanded = request.derive(input_ids=tuple(prefilled.prompt_token_ids or ()), text=None)
-        form, leg = build_decode_leg(expanded, self.decode_worker)
+        # The form depends on n, grids, refs and batches, which expansion does not change.
+        leg = decode_leg(expanded, form)
         leg = relay_kv(leg, _handoff_only(returned))
         ensure_kv_handoff(expanded, form, leg)
 
