@@ -44,7 +44,10 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
         "prefill_stream_error",
         "decode_stream_error",
         "no_decode_worker_available",
+        "pd_invalid_configuration",
     }
+    assert ERROR_CATALOG["pd_invalid_configuration"].status == 500
+    assert not ERROR_CATALOG["pd_invalid_configuration"].retryable
     assert ERROR_CATALOG["no_decode_worker_available"].status == 503
     assert ERROR_CATALOG["no_decode_worker_available"].retryable
 

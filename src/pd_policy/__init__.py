@@ -23,11 +23,24 @@ from .capability import (
     derive_supports_vision,
 )
 from .codec import request_from_json, request_to_json, worker_from_json, worker_to_json
+from .connectors import (
+    CONNECTOR_MODES,
+    DEFAULT_BOOTSTRAP_PORT,
+    NIXL_PREFILL_PARAMS,
+    KvConnectorMode,
+    KvHandoff,
+    PrefillKv,
+    apply_kv_handoff,
+    connector_mode,
+    mint_transfer_id,
+    plan_kv_handoff,
+)
 from .decision import DecodeForm, decide_decode_form, sequential_pd_decode_form
 from .errors import (
     ERROR_CATALOG,
     ERROR_CODE_HEADER,
     CatalogEntry,
+    InvalidConfiguration,
     MalformedRequest,
     MediaRefsOnLanguageModelOnlyDecode,
     MissingKvTransferParams,
@@ -48,8 +61,9 @@ from .legs import (
     ensure_language_model_only_leg,
     identity_only,
 )
-from .mrope import MROPE_GRID_KEYS, has_mrope_grids
+from .mrope import MROPE_GRID_KEYS, grids_kept_on_cpu, has_mrope_grids
 from .outcome import Outcome, PrefillResult, plan
+from .prefill import prefill_batch, prefill_leg
 from .request import LegacyKvParams, MediaRef, Request
 from .salt import (
     SALT_FOLD_PREFIX,
@@ -73,11 +87,14 @@ from .worker import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CONNECTOR_MODES",
+    "DEFAULT_BOOTSTRAP_PORT",
     "ERROR_CATALOG",
     "ERROR_CODE_HEADER",
     "MM_MEDIA_REF_SCHEMES_LABEL",
     "MM_PROCESSOR_LABEL",
     "MROPE_GRID_KEYS",
+    "NIXL_PREFILL_PARAMS",
     "SALT_FOLD_PREFIX",
     "SALT_FOLD_VERSION",
     "SUPPORTS_VISION_LABEL",
@@ -85,6 +102,9 @@ __all__ = [
     "DecodeCandidate",
     "DecodeForm",
     "EngineFacts",
+    "InvalidConfiguration",
+    "KvConnectorMode",
+    "KvHandoff",
     "LegacyKvParams",
     "MalformedRequest",
     "MediaProcessorAdvert",
@@ -102,6 +122,7 @@ __all__ = [
     "PayloadLocation",
     "PlaceholderRange",
     "PolicyError",
+    "PrefillKv",
     "PrefillResult",
     "Request",
     "TensorDescriptor",
@@ -110,9 +131,11 @@ __all__ = [
     "WorkerFailedToStart",
     "WorkerStreamError",
     "advertise_media_processor",
+    "apply_kv_handoff",
     "build_decode_leg",
     "check_kv_handoff",
     "clone_without_mm",
+    "connector_mode",
     "decide_decode_form",
     "decode_cache_salt",
     "decode_leg",
@@ -122,10 +145,15 @@ __all__ = [
     "ensure_model_accepts_media",
     "fold_cache_salt",
     "fold_salt",
+    "grids_kept_on_cpu",
     "grpc_status_to_http",
     "has_mrope_grids",
     "identity_only",
+    "mint_transfer_id",
     "plan",
+    "plan_kv_handoff",
+    "prefill_batch",
+    "prefill_leg",
     "relay_kv",
     "request_from_json",
     "request_to_json",

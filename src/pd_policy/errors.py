@@ -23,6 +23,7 @@ __all__ = [
     "ERROR_CODE_HEADER",
     "RETRYABLE_STATUSES",
     "CatalogEntry",
+    "InvalidConfiguration",
     "MalformedRequest",
     "MediaRefsOnLanguageModelOnlyDecode",
     "MissingKvTransferParams",
@@ -208,6 +209,22 @@ class NoDecodeWorkerAvailable(PolicyError):
     may_retry = True
 
 
+class InvalidConfiguration(PolicyError):
+    """The router's own configuration cannot serve P/D; raised at start-up, not per request.
+
+    ``param`` names the setting at fault (``kv_connector``, ``bootstrap_host``, ...).
+    """
+
+    code = "pd_invalid_configuration"
+    status = 500
+    meaning = (
+        "The router is configured in a way the policy cannot serve: a KV connector whose "
+        "handoff contract is unknown, or a Mooncake prefill worker without a bootstrap host. "
+        "Raised when the router starts, so that no request fails for it later."
+    )
+    default_message = "the router's P/D configuration is invalid"
+
+
 #: gRPC status names (``grpc.StatusCode.X.name``) and the HTTP status a failed leg maps to.
 _GRPC_TO_HTTP: Final[Mapping[str, int]] = MappingProxyType(
     {
@@ -290,6 +307,7 @@ _POLICY_ERRORS: Final = (
     MultimodalNotSupported,
     MalformedRequest,
     NoDecodeWorkerAvailable,
+    InvalidConfiguration,
 )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .batch import MultimodalBatch
 from .decision import DecodeForm, decide_decode_form, sequential_pd_decode_form
 from .errors import MultimodalNotSupported
-from .mrope import MROPE_GRID_KEYS, has_mrope_grids
+from .mrope import MROPE_GRID_KEYS, grids_kept_on_cpu, has_mrope_grids
 from .request import Request
 from .worker import WorkerCapability
 
@@ -55,9 +55,8 @@ def mm_identity(batch: MultimodalBatch) -> MultimodalBatch | None:
     with its mapping (one leg cannot forward half of a flattened pair).
     ``batched_keys`` and ``keep_on_cpu_keys`` keep only the tensors that remain.
 
-    Beyond upstream: every kept grid is listed in ``keep_on_cpu_keys``. vLLM 0.32
-    otherwise loses a grid whose image falls in an already prefix-cached range
-    and its worker dies with ``KeyError: 'image_grid_thw'``.
+    Beyond upstream: every kept grid is listed in ``keep_on_cpu_keys``
+    (:func:`~pd_policy.mrope.grids_kept_on_cpu`).
     """
     if not batch.mm_hashes:
         return None
@@ -74,8 +73,6 @@ def mm_identity(batch: MultimodalBatch) -> MultimodalBatch | None:
         sizes_tensor = batch.tensor(sizes)
         assert sizes_tensor is not None  # checked above
         kept[sizes] = sizes_tensor
-    keep_on_cpu = tuple(k for k in batch.keep_on_cpu_keys if k in kept)
-    keep_on_cpu += tuple(sorted(g for g in grids if g not in keep_on_cpu))
     return MultimodalBatch(
         modality=batch.modality,
         tensors=tuple(kept.values()),
@@ -84,7 +81,7 @@ def mm_identity(batch: MultimodalBatch) -> MultimodalBatch | None:
         im_token_id=batch.im_token_id,
         batched_keys=tuple(k for k in batch.batched_keys if k in kept),
         flat_keys=kept_flat,
-        keep_on_cpu_keys=keep_on_cpu,
+        keep_on_cpu_keys=grids_kept_on_cpu(batch, kept),
         encoder_input_key=batch.encoder_input_key,
     )
 

@@ -15,7 +15,10 @@ Operations:
 * ``ensure_model_accepts_media``: pass, or the error;
 * ``worker_guard``: ``ensure_language_model_only_leg`` on a leg (``uses_mrope``
   optional);
-* ``fold_salt``: the salt for identities and a caller's salt, in both formats.
+* ``fold_salt``: the salt for identities and a caller's salt, in both formats;
+* ``connector_mode``: a vLLM connector name's handoff contract, or the error;
+* ``kv_handoff``: the handoff plan for a prefill worker and ``n`` (a fixed
+  ``transfer_id``), and the prefill leg of a request under it.
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ import attrs
 
 from .batch import Modality, MultimodalBatch, PlaceholderRange
 from .codec import request_from_json, request_to_json, worker_from_json, worker_to_json
+from .connectors import KvConnectorMode, PrefillKv, connector_mode, plan_kv_handoff
 from .errors import PolicyError
 from .legs import ensure_language_model_only_leg
 from .outcome import PrefillResult, plan
+from .prefill import prefill_leg
 from .request import LegacyKvParams, MediaRef, Request
 from .salt import SALT_FOLD_VERSION, fold_salt, upstream_cache_salt
 from .scenarios import (
@@ -133,8 +138,45 @@ def _salt_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _connector_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return {"status": 200, "mode": connector_mode(case["kv_connector"]).value}
+    except PolicyError as exc:
+        return _error(exc)
+
+
+def _handoff_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
+    spec = dict(case["prefill_kv"])
+    try:
+        kv = PrefillKv(KvConnectorMode(spec.pop("mode")), **spec)
+    except PolicyError as exc:
+        return _error(exc)
+    handoff = plan_kv_handoff(kv, n=case["n"], transfer_id=case["transfer_id"])
+    legacy = handoff.decode_legacy
+    outcome: dict[str, Any] = {
+        "status": 200,
+        "runs_prefill": handoff.runs_prefill,
+        "prefill_params": None
+        if handoff.prefill_params is None
+        else json.loads(handoff.prefill_params),
+        "decode_params": None
+        if handoff.decode_params is None
+        else json.loads(handoff.decode_params),
+        "decode_legacy": None if legacy is None else [legacy.remote_host, legacy.remote_port],
+        "relays": handoff.relays,
+        "dp_rank": handoff.dp_rank,
+    }
+    if "request" in case and handoff.runs_prefill:
+        outcome["prefill_leg"] = request_to_json(
+            prefill_leg(request_from_json(case["request"]), handoff)
+        )
+    return outcome
+
+
 _OPERATIONS: Final[dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]]] = {
     "plan": _plan_outcome,
+    "connector_mode": _connector_outcome,
+    "kv_handoff": _handoff_outcome,
     "select_decode_workers": _select_outcome,
     "ensure_model_accepts_media": _media_outcome,
     "worker_guard": _guard_outcome,
@@ -404,6 +446,30 @@ def _cases() -> list[dict[str, Any]]:
             request=_req(guard_legs[name]),
             uses_mrope=True,
         )
+    for name in ("NixlConnector", "TransferConnector", "MooncakeConnector", "ExampleConnector",
+                 "", "nixl", "MyConnector"):  # fmt: skip
+        add(f"connector/{name or 'none'}", "a connector's handoff contract", "connector_mode",
+            kv_connector=name)  # fmt: skip
+    grid_no_cpu = attrs.evolve(mrope_request().batches[0], keep_on_cpu_keys=())
+    grid_request = mrope_request().derive(batches=(grid_no_cpu,))
+    workers_kv: dict[str, dict[str, Any]] = {
+        "nixl": {"mode": "nixl"},
+        "passthrough": {"mode": "passthrough"},
+        "mooncake": {"mode": "mooncake", "engine_id": "p0", "bootstrap_host": "10.0.0.1"},
+        "mooncake_ipv6": {"mode": "mooncake", "engine_id": "p0", "bootstrap_host": "fd00::1",
+                          "bootstrap_port": 9000},
+        "mooncake_dp_pinned": {"mode": "mooncake", "engine_id": "p0", "bootstrap_host": "h",
+                               "dp_size": 4, "dp_rank": 1},
+        "mooncake_dp_unpinned": {"mode": "mooncake", "engine_id": "p0", "bootstrap_host": "h",
+                                 "dp_size": 4},
+        "mooncake_legacy": {"mode": "mooncake", "bootstrap_host": "h", "bootstrap_port": 7000},
+        "mooncake_no_host": {"mode": "mooncake", "engine_id": "p0"},
+    }  # fmt: skip
+    for name, spec in workers_kv.items():
+        for n in (1, 2):
+            add(f"kv_handoff/{name}/n{n}", "the KV handoff plan and the prefill leg",
+                "kv_handoff", prefill_kv=spec, n=n, transfer_id="xfer-0001",
+                request=_req(grid_request.derive(n=n)))  # fmt: skip
     add(
         "refs/credentials/lm_only",
         "a media reference with credentials in its URL",

@@ -10,10 +10,10 @@ from __future__ import annotations
 from .capability import capability_from_info, capability_from_labels, worker_labels
 from .client import SequentialPd
 from .kv import (
-    NIXL_PREFILL_PARAMS,
-    KvConnectorMode,
+    apply_kv_handoff,
     ensure_kv_handoff,
     kv_mode_from_server_info,
+    prefill_kv_from_info,
     prefill_leg,
     relay_kv,
 )
@@ -30,11 +30,10 @@ from .view import (
 )
 
 __all__ = [
-    "NIXL_PREFILL_PARAMS",
     "GrpcStatus",
     "HttpError",
-    "KvConnectorMode",
     "SequentialPd",
+    "apply_kv_handoff",
     "build_decode_leg",
     "capability_from_info",
     "capability_from_labels",
@@ -52,6 +51,7 @@ __all__ = [
     "identity_only",
     "kv_mode_from_server_info",
     "parse_generate_request",
+    "prefill_kv_from_info",
     "prefill_leg",
     "relay_kv",
     "request_view",

@@ -1,31 +1,39 @@
 """``SequentialPd``: one sequential P/D request over ``grpc.aio``, with the policy applied.
 
 The I/O edge of the adapter. Everything it decides, it asks the policy: the
-carve-outs are raised before any RPC, the decode leg is built by the leg
-builders, and the handoff is checked before the decode request is sent.
+carve-outs are raised before any RPC, the KV handoff is planned by the core,
+the decode leg is built by the leg builders, and the handoff is checked before
+the decode request is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 from pd_policy import (
     DecodeCandidate,
+    KvConnectorMode,
+    PrefillKv,
     WorkerCapability,
     WorkerStreamError,
+    plan_kv_handoff,
     select_decode_workers,
 )
 
-from .kv import KvConnectorMode, ensure_kv_handoff, prefill_leg, relay_kv
+from .kv import apply_kv_handoff, ensure_kv_handoff, prefill_leg, relay_kv
 from .legs import build_decode_leg
 from .status import error_from_rpc
 from .view import request_view
 from .wire import pb, pb_grpc
 
 __all__ = ["SequentialPd"]
+
+logger = logging.getLogger(__name__)
 
 
 class SequentialPd:
@@ -34,8 +42,10 @@ class SequentialPd:
     ``decode`` is either one decode channel, with ``decode_worker`` its
     advertised capability (for example :func:`pd_policy_grpc.capability_from_info`
     of its info responses), or several :class:`pd_policy.DecodeCandidate` whose
-    handles are channels, in the caller's order of preference. ``kv_mode`` is
-    the prefill worker's connector mode.
+    handles are channels, in the caller's order of preference. ``kv`` is how
+    the prefill worker hands KV over: a :class:`pd_policy.PrefillKv` (see
+    :func:`pd_policy_grpc.prefill_kv_from_info`), or just a
+    :class:`pd_policy.KvConnectorMode` for NIXL or passthrough.
 
     :meth:`generate`:
 
@@ -45,8 +55,12 @@ class SequentialPd:
        listed), decides the decode form and builds the decode leg. When no
        candidate can serve it, the carve-out raises its 400 before any request
        is sent;
-    2. runs the sanitised prefill leg and waits for its ``GenerateComplete``;
-    3. relays the KV parameters it returned (n<=1);
+    2. plans the handoff (:func:`pd_policy.plan_kv_handoff`) and puts on the
+       decode leg what it sends up front (a minted Mooncake transfer, the
+       legacy host and port);
+    3. unless the request asks for n>1 (then decode runs alone), runs the
+       sanitised prefill leg, waits for its ``GenerateComplete`` and relays the
+       KV parameters it returned, when the handoff relays;
     4. checks the handoff: a stripped multimodal leg without one raises the 502;
     5. streams the decode leg's responses.
 
@@ -54,8 +68,18 @@ class SequentialPd:
     a policy error a worker returned (read from its trailing metadata), or a
     worker's failure naming its leg (``prefill_worker_failed_to_start``,
     ``decode_worker_failed_to_start``, ``*_stream_error``) with its gRPC status
-    mapped to HTTP. On any error, and when the caller cancels or stops iterating,
-    both legs are aborted.
+    mapped to HTTP.
+
+    Aborts: a prefill leg that has not completed is aborted at once when the
+    request fails, is cancelled or is dropped. A decode leg dropped before its
+    first response is aborted only after that response arrives (or after
+    ``deferred_abort_max_wait`` seconds): until then the KV transfer may be in
+    flight, and aborting a decode mid-transfer can crash or leak on the engine
+    side. Later, it is aborted at once. Await :meth:`aclose` to wait for
+    deferred aborts, when shutting down.
+
+    Raises :class:`~pd_policy.InvalidConfiguration` at construction for a bare
+    ``KvConnectorMode.MOONCAKE`` (Mooncake needs the worker's bootstrap host).
     """
 
     def __init__(
@@ -64,10 +88,12 @@ class SequentialPd:
         decode: grpc.aio.Channel | Sequence[DecodeCandidate[grpc.aio.Channel]],
         decode_worker: WorkerCapability | None = None,
         *,
-        kv_mode: KvConnectorMode = KvConnectorMode.NIXL,
+        kv: PrefillKv | KvConnectorMode = KvConnectorMode.NIXL,
         timeout: float | None = None,
         abort_timeout: float = 2.0,
+        deferred_abort_max_wait: float = 30.0,
     ) -> None:
+        self.kv = kv if isinstance(kv, PrefillKv) else PrefillKv(kv)
         self._prefill = pb_grpc.VllmEngineStub(prefill)
         if isinstance(decode, Sequence):
             if decode_worker is not None:
@@ -78,9 +104,18 @@ class SequentialPd:
                 raise TypeError("a single decode channel needs its decode_worker capability")
             self.candidates = [DecodeCandidate(decode_worker, decode)]
         self._stubs = {id(c.handle): pb_grpc.VllmEngineStub(c.handle) for c in self.candidates}
-        self.kv_mode = kv_mode
         self.timeout = timeout
         self.abort_timeout = abort_timeout
+        self.deferred_abort_max_wait = deferred_abort_max_wait
+        self._deferred: set[asyncio.Task[None]] = set()
+        if self.kv.mode is KvConnectorMode.PASSTHROUGH and any(
+            c.worker.language_model_only for c in self.candidates
+        ):
+            logger.warning(
+                "the prefill worker's connector is passthrough: a multimodal request sent to a "
+                "language-model-only decode worker is refused (502) unless the prefill engine "
+                "returns KV transfer parameters"
+            )
 
     async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateResponse]:
         """Serve ``request``; yields the decode worker's responses. See the class docs."""
@@ -88,19 +123,18 @@ class SequentialPd:
         decode = self._stubs[id(chosen.handle)]
         # Choosing among several candidates already checked the message.
         form, leg = build_decode_leg(request, chosen.worker, check=len(self.candidates) == 1)
-        finished = False
-        try:
-            complete = await self._prefill_complete(prefill_leg(request, self.kv_mode))
-            relay_kv(leg, complete)
-            ensure_kv_handoff(request, form, leg)
-            async for response in self._stream_decode(decode, leg):
+        handoff = plan_kv_handoff(self.kv, n=request.sampling_params.n)
+        apply_kv_handoff(leg, handoff)
+        if handoff.runs_prefill:
+            complete = await self._run_prefill(prefill_leg(request, handoff))
+            if handoff.relays:
+                relay_kv(leg, complete)
+        ensure_kv_handoff(request, form, leg)
+        # aclosing: a caller that stops iterating closes the decode stream now, not at
+        # garbage collection, so its abort goes out while the channel is open.
+        async with contextlib.aclosing(self._stream_decode(decode, leg)) as stream:
+            async for response in stream:
                 yield response
-            finished = True
-        finally:
-            if not finished:
-                # Covers policy errors, worker failures, cancellation and a caller
-                # that stopped iterating (GeneratorExit): neither leg may linger.
-                await self._abort_both(request.request_id, decode)
 
     def choose(self, request: pb.GenerateRequest) -> DecodeCandidate[grpc.aio.Channel]:
         """The decode candidate :meth:`generate` would use for ``request``.
@@ -112,7 +146,12 @@ class SequentialPd:
             return self.candidates[0]  # build_decode_leg decides and refuses for it
         return select_decode_workers(request_view(request), self.candidates)[0]
 
-    async def _prefill_complete(self, leg: pb.GenerateRequest) -> pb.GenerateComplete:
+    async def aclose(self) -> None:
+        """Wait for the deferred decode aborts still pending."""
+        while self._deferred:
+            await asyncio.gather(*self._deferred, return_exceptions=True)
+
+    async def _run_prefill(self, leg: pb.GenerateRequest) -> pb.GenerateComplete:
         started = False
         complete: pb.GenerateComplete | None = None
         call = self._prefill.Generate(leg, timeout=self.timeout)
@@ -123,30 +162,59 @@ class SequentialPd:
                     complete = response.complete
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc, "prefill", started=started) from exc
+        finally:
+            if complete is None:
+                # Failed, cancelled or dropped before completing: nothing was handed off yet.
+                call.cancel()
+                await self._abort(self._prefill, leg.request_id)
         if complete is None:
             raise WorkerStreamError("prefill", "INTERNAL", "the stream ended without a completion")
         return complete
 
     async def _stream_decode(
         self, decode: pb_grpc.VllmEngineStub, leg: pb.GenerateRequest
-    ) -> AsyncIterator[pb.GenerateResponse]:
-        started = False
+    ) -> AsyncGenerator[pb.GenerateResponse]:
         call = decode.Generate(leg, timeout=self.timeout)
+        # The first read runs in a task of its own, so that a caller cancelled while
+        # waiting for it does not cancel the call mid-handoff (see the class docs).
+        first: asyncio.Future[Any] = asyncio.ensure_future(call.read())
+        saw_item = ended = False
         try:
-            async for response in call:
-                started = True
-                yield response
-        except grpc.aio.AioRpcError as exc:
-            raise error_from_rpc(exc, "decode", started=started) from exc
+            try:
+                response = await asyncio.shield(first)
+                while response is not grpc.aio.EOF:
+                    saw_item = True
+                    yield response
+                    response = await call.read()
+            except grpc.aio.AioRpcError as exc:
+                raise error_from_rpc(exc, "decode", started=saw_item) from exc
+            ended = True
         finally:
+            if not ended:
+                if first.done():
+                    call.cancel()
+                    await self._abort(decode, leg.request_id)
+                else:
+                    self._defer_abort(call, first, decode, leg.request_id)
+
+    def _defer_abort(
+        self,
+        call: Any,
+        first: asyncio.Future[Any],
+        stub: pb_grpc.VllmEngineStub,
+        request_id: str,
+    ) -> None:
+        async def abort_after_first_response() -> None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(first, self.deferred_abort_max_wait)
             call.cancel()
+            await self._abort(stub, request_id)
 
-    async def _abort_both(self, request_id: str, decode: pb_grpc.VllmEngineStub) -> None:
-        abort = pb.AbortRequest(request_ids=[request_id])
+        task = asyncio.get_running_loop().create_task(abort_after_first_response())
+        self._deferred.add(task)
+        task.add_done_callback(self._deferred.discard)
 
-        async def one(stub: pb_grpc.VllmEngineStub) -> None:
-            # Best effort: the worker may be the reason we are aborting.
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
-                await stub.Abort(abort, timeout=self.abort_timeout)
-
-        await asyncio.gather(one(self._prefill), one(decode))
+    async def _abort(self, stub: pb_grpc.VllmEngineStub, request_id: str) -> None:
+        # Best effort: the worker may be the reason we are aborting.
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
+            await stub.Abort(pb.AbortRequest(request_ids=[request_id]), timeout=self.abort_timeout)

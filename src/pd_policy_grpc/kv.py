@@ -1,64 +1,111 @@
 """The prefill leg and the KV handoff on the wire.
 
-``KvConnectorMode`` is read from the *prefill* worker (its ``kv_connector``).
-With NIXL the prefill leg is tagged for remote decode and the parameters its
-``GenerateComplete`` returns are relayed to the decode leg; with passthrough
-nothing is tagged and whatever the engine returns is relayed. The handoff has a
-single consumer, so nothing is tagged or relayed when n>1.
+The handoff's rules are the core's (:mod:`pd_policy.connectors`): the prefill
+worker's connector names its contract, and :func:`pd_policy.plan_kv_handoff`
+says what each leg carries. This module reads the facts off the worker's
+``GetServerInfoResponse`` and applies a :class:`pd_policy.KvHandoff` to the
+``GenerateRequest`` messages.
 """
 
 from __future__ import annotations
 
-import enum
-from typing import Final
+from pd_policy import (
+    DEFAULT_BOOTSTRAP_PORT,
+    MROPE_GRID_KEYS,
+    DecodeForm,
+    KvConnectorMode,
+    KvHandoff,
+    PrefillKv,
+    check_kv_handoff,
+    connector_mode,
+)
 
-from pd_policy import DecodeForm, check_kv_handoff
-
-from .view import has_kv_transfer_params, has_mm_inputs
+from .view import batches_with_paths, has_kv_transfer_params, has_mm_inputs
 from .wire import pb
 
 __all__ = [
-    "NIXL_PREFILL_PARAMS",
-    "KvConnectorMode",
+    "apply_kv_handoff",
     "ensure_kv_handoff",
     "kv_mode_from_server_info",
+    "prefill_kv_from_info",
     "prefill_leg",
     "relay_kv",
 ]
 
-#: What a NIXL prefill leg is tagged with: save the KV for a remote decode.
-NIXL_PREFILL_PARAMS: Final = '{"do_remote_decode":true,"do_remote_prefill":false}'
-
-
-class KvConnectorMode(enum.Enum):
-    """How the prefill worker hands KV to the decode worker."""
-
-    NIXL = "nixl"
-    PASSTHROUGH = "passthrough"
-
 
 def kv_mode_from_server_info(server_info: pb.GetServerInfoResponse) -> KvConnectorMode:
-    """NIXL when the prefill worker's connector is NIXL, passthrough otherwise."""
-    connector = server_info.kv_connector.lower()
-    return KvConnectorMode.NIXL if connector.startswith("nixl") else KvConnectorMode.PASSTHROUGH
+    """The handoff contract of the prefill worker's ``kv_connector`` (see
+    :func:`pd_policy.connector_mode`).
+
+    Raises :class:`~pd_policy.InvalidConfiguration` for a connector whose
+    contract is unknown: pass the mode explicitly for it.
+    """
+    return connector_mode(server_info.kv_connector)
+
+
+def _host(address: str) -> str:
+    # "host:port", "[v6]:port", "dns:///host:port" or a bare host.
+    address = address.rpartition("///")[2]
+    if address.startswith("["):
+        return address[1 : address.index("]")]
+    host, sep, port = address.rpartition(":")
+    return host if sep and port.isdigit() and ":" not in host else address
+
+
+def prefill_kv_from_info(
+    server_info: pb.GetServerInfoResponse,
+    address: str,
+    *,
+    mode: KvConnectorMode | None = None,
+    bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT,
+    dp_rank: int | None = None,
+) -> PrefillKv:
+    """What the router needs about the prefill worker at ``address`` to plan the handoff.
+
+    ``mode`` defaults to :func:`kv_mode_from_server_info`; give it for a
+    connector this library does not know. The Mooncake engine id is the
+    worker's ``kv_engine_id``, the bootstrap host is ``address``'s host (as
+    SMG's gateway takes it), and the data-parallel size its
+    ``data_parallel_size``. ``bootstrap_port`` is the operator's Mooncake
+    bootstrap port (the worker does not report it); ``dp_rank`` the rank this
+    router pins, if any.
+
+    Raises :class:`~pd_policy.InvalidConfiguration` as :class:`pd_policy.PrefillKv` does.
+    """
+    return PrefillKv(
+        mode=mode if mode is not None else kv_mode_from_server_info(server_info),
+        engine_id=server_info.kv_engine_id,
+        bootstrap_host=_host(address),
+        bootstrap_port=bootstrap_port,
+        dp_size=max(server_info.data_parallel_size, 1),
+        dp_rank=dp_rank,
+    )
+
+
+def _keep_grids_on_cpu(batch: pb.MultimodalInputs) -> None:
+    # Reads the map's keys only: no tensor payload is touched.
+    listed = set(batch.keep_on_cpu_keys)
+    missing = sorted(k for k in batch.model_specific_tensors if k in MROPE_GRID_KEYS)
+    batch.keep_on_cpu_keys.extend(k for k in missing if k not in listed)
 
 
 def prefill_leg(
-    request: pb.GenerateRequest,
-    mode: KvConnectorMode = KvConnectorMode.NIXL,
-    *,
-    in_place: bool = False,
+    request: pb.GenerateRequest, handoff: KvHandoff, *, in_place: bool = False
 ) -> pb.GenerateRequest:
-    """The sanitised prefill leg: one token, no stops, no streaming, tagged for the handoff.
+    """The sanitised prefill leg under ``handoff`` (see :func:`pd_policy.prefill_leg`).
 
     Sets ``max_tokens=1``, ``min_tokens=0``, ``n=1``, clears ``stop`` and
-    ``stop_token_ids``, sets ``ignore_eos`` and ``stream=false``. With NIXL and
-    n<=1 it sets ``kv_transfer_params_json`` to :data:`NIXL_PREFILL_PARAMS`.
-    The prefill keeps every multimodal field. By default the leg is a copy;
-    ``in_place=True`` sanitises ``request`` itself, for a router that owns the
-    message and would rather not copy its pixels.
+    ``stop_token_ids``, sets ``ignore_eos`` and ``stream=false``; tags
+    ``kv_transfer_params_json`` with the handoff's prefill parameters and pins
+    its data-parallel rank, when it has them; lists every M-RoPE grid in its
+    batch's ``keep_on_cpu_keys``. Every multimodal field is kept.
+
+    By default the leg is a copy; ``in_place=True`` sanitises ``request``
+    itself, for a router that owns the message and would rather not copy its
+    pixels. Raises ``ValueError`` for a handoff that runs no prefill (n>1).
     """
-    relays = request.sampling_params.n <= 1
+    if not handoff.runs_prefill:
+        raise ValueError("this handoff runs no prefill leg (n>1: decode runs alone)")
     if in_place:
         leg = request
     else:
@@ -72,8 +119,26 @@ def prefill_leg(
     params.ClearField("stop_token_ids")
     params.ignore_eos = True
     leg.stream = False
-    if mode is KvConnectorMode.NIXL and relays:
-        leg.kv_transfer_params_json = NIXL_PREFILL_PARAMS
+    if handoff.prefill_params is not None:
+        leg.kv_transfer_params_json = handoff.prefill_params
+    if handoff.dp_rank is not None:
+        leg.data_parallel_rank = handoff.dp_rank
+    for _, batch in batches_with_paths(leg):
+        _keep_grids_on_cpu(batch)
+    return leg
+
+
+def apply_kv_handoff(leg: pb.GenerateRequest, handoff: KvHandoff) -> pb.GenerateRequest:
+    """Put on the decode ``leg`` what ``handoff`` sends before prefill (in place; returned).
+
+    A minted Mooncake transfer replaces ``kv_transfer_params_json``; the legacy
+    host and port are set as the typed ``kv_transfer_params``.
+    """
+    if handoff.decode_params is not None:
+        leg.kv_transfer_params_json = handoff.decode_params
+    if handoff.decode_legacy is not None:
+        leg.kv_transfer_params.remote_host = handoff.decode_legacy.remote_host
+        leg.kv_transfer_params.remote_port = handoff.decode_legacy.remote_port
     return leg
 
 
@@ -82,7 +147,8 @@ def relay_kv(leg: pb.GenerateRequest, complete: pb.GenerateComplete) -> pb.Gener
 
     Relays ``kv_transfer_params_json`` verbatim and the legacy typed
     ``kv_transfer_params`` when the prefill set them; an empty JSON text counts
-    as nothing returned. Nothing is relayed when the leg asks for n>1.
+    as nothing returned. Nothing is relayed when the leg asks for n>1. Call it
+    only when the handoff relays (:attr:`pd_policy.KvHandoff.relays`).
     """
     if leg.sampling_params.n > 1:
         return leg

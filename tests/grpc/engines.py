@@ -50,7 +50,9 @@ class Engine(pb_grpc.VllmEngineServicer):
         self.supports_vision = supports_vision
         self.kv_connector = kv_connector
         self.hold = asyncio.Event()  # set: streams pause before their last item
+        self.hold_first = asyncio.Event()  # set: streams pause before their first item
         self.release = asyncio.Event()
+        self.waiting = asyncio.Event()  # set while a stream is paused
 
     async def GetModelInfo(self, request: Any, context: Any) -> pb.GetModelInfoResponse:
         return pb.GetModelInfoResponse(model_path="tiny", supports_vision=self.supports_vision)
@@ -72,7 +74,9 @@ class Engine(pb_grpc.VllmEngineServicer):
         await self.refuse(request, context)
         tokens = answer(request)
         for i, token in enumerate(tokens):
-            if i == len(tokens) - 1 and self.hold.is_set():
+            last = i == len(tokens) - 1
+            if (last and self.hold.is_set()) or (i == 0 and self.hold_first.is_set()):
+                self.waiting.set()
                 await self.release.wait()
             yield pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[token]))
         yield pb.GenerateResponse(
@@ -98,6 +102,9 @@ class PrefillEngine(Engine):
         self.requests.append(request)
         if self.returns not in {"json", "legacy", "nothing"}:
             await context.abort(grpc.StatusCode[self.returns], "prefill engine is overloaded")
+        if self.hold_first.is_set():
+            self.waiting.set()
+            await self.release.wait()
         complete = pb.GenerateComplete(output_ids=[1], finish_reason="length")
         if self.returns == "json":
             complete.kv_transfer_params_json = json.dumps(

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pd_policy import VisionSupport, WorkerCapability
+from pd_policy import KvConnectorMode, VisionSupport, WorkerCapability
 from pd_policy_grpc import (
     capability_from_info,
     capability_from_labels,
     kv_mode_from_server_info,
     worker_labels,
 )
-from pd_policy_grpc.kv import KvConnectorMode
 from pd_policy_grpc.wire import pb
 
 

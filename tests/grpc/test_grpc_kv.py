@@ -1,22 +1,38 @@
-"""The prefill-leg sanitiser and the KV relay on the wire."""
+"""The prefill-leg sanitiser, the handoff plan on the wire, and the KV relay."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from proto_strategies import to_proto
+from hypothesis import given
+from hypothesis import strategies as st
+from proto_strategies import protos, to_proto
 
-from pd_policy import DecodeForm, MissingKvTransferParams
-from pd_policy.scenarios import image_request, text_request
-from pd_policy_grpc import (
+import pd_policy
+from pd_policy import (
     NIXL_PREFILL_PARAMS,
+    DecodeForm,
+    InvalidConfiguration,
     KvConnectorMode,
+    MissingKvTransferParams,
+    PrefillKv,
+    plan_kv_handoff,
+)
+from pd_policy.scenarios import image_request, mrope_request, text_request
+from pd_policy_grpc import (
+    apply_kv_handoff,
     ensure_kv_handoff,
+    kv_mode_from_server_info,
+    prefill_kv_from_info,
     prefill_leg,
     relay_kv,
+    request_view,
 )
 from pd_policy_grpc.wire import pb
+
+NIXL = plan_kv_handoff(PrefillKv(KvConnectorMode.NIXL), n=1)
+MOONCAKE = PrefillKv(KvConnectorMode.MOONCAKE, engine_id="p0", bootstrap_host="10.0.0.1")
 
 
 def routed(n: int = 1) -> pb.GenerateRequest:
@@ -29,7 +45,7 @@ def routed(n: int = 1) -> pb.GenerateRequest:
 def test_the_prefill_leg_is_sanitised_and_tagged() -> None:
     original = routed()
     before = original.SerializeToString()
-    leg = prefill_leg(original)
+    leg = prefill_leg(original, NIXL)
     assert original.SerializeToString() == before
     params = leg.sampling_params
     assert (params.max_tokens, params.min_tokens, params.n, params.ignore_eos) == (1, 0, 1, True)
@@ -44,17 +60,119 @@ def test_the_prefill_leg_is_sanitised_and_tagged() -> None:
     assert leg.mm_inputs == original.mm_inputs  # the prefill keeps the pixels
 
 
-def test_passthrough_and_n_samples_are_not_tagged() -> None:
-    assert not prefill_leg(to_proto(text_request()), KvConnectorMode.PASSTHROUGH).HasField(
-        "kv_transfer_params_json"
-    )
-    assert not prefill_leg(routed(n=2)).HasField("kv_transfer_params_json")
+def test_a_prefill_leg_keeps_its_grids_on_cpu() -> None:
+    # The defect the real servicer showed: without the key, the second request with the
+    # same image killed the prefill engine (KeyError: 'image_grid_thw').
+    original = to_proto(mrope_request())
+    original.mm_inputs.ClearField("keep_on_cpu_keys")
+    original.mm_inputs.keep_on_cpu_keys.append("pixel_values")
+    leg = prefill_leg(original, NIXL)
+    assert list(leg.mm_inputs.keep_on_cpu_keys) == ["pixel_values", "image_grid_thw"]
+    assert leg.mm_inputs.pixel_values == original.mm_inputs.pixel_values
+    assert list(original.mm_inputs.keep_on_cpu_keys) == ["pixel_values"]
+
+
+@given(protos(), st.sampled_from(list(KvConnectorMode)))
+def test_the_wire_prefill_leg_is_the_core_prefill_leg(
+    proto: pb.GenerateRequest, mode: KvConnectorMode
+) -> None:
+    kv = PrefillKv(mode, engine_id="p0", bootstrap_host="h")
+    handoff = plan_kv_handoff(kv, n=1, transfer_id="xfer-1")
+    before = proto.SerializeToString(deterministic=True)
+    leg = prefill_leg(proto, handoff)
+    assert proto.SerializeToString(deterministic=True) == before
+    expected = pd_policy.prefill_leg(request_view(proto), handoff)
+    assert request_view(leg) == expected
+    for batch in expected.batches:
+        assert {t.name for t in batch.tensors} & pd_policy.MROPE_GRID_KEYS <= set(
+            batch.keep_on_cpu_keys
+        )
+
+
+def test_passthrough_is_not_tagged_and_n_samples_run_no_prefill() -> None:
+    passthrough = plan_kv_handoff(PrefillKv(KvConnectorMode.PASSTHROUGH), n=1)
+    leg = prefill_leg(to_proto(text_request()), passthrough)
+    assert not leg.HasField("kv_transfer_params_json")
+    n2 = plan_kv_handoff(PrefillKv(KvConnectorMode.NIXL), n=2)
+    assert not n2.runs_prefill
+    with pytest.raises(ValueError, match="no prefill"):
+        prefill_leg(routed(n=2), n2)
 
 
 def test_in_place_sanitises_the_routers_own_message() -> None:
     original = routed()
-    assert prefill_leg(original, in_place=True) is original
+    assert prefill_leg(original, NIXL, in_place=True) is original
     assert original.sampling_params.max_tokens == 1
+
+
+def test_mooncake_mints_one_transfer_for_both_legs() -> None:
+    handoff = plan_kv_handoff(MOONCAKE, n=1, transfer_id="xfer-abc")
+    prefill = prefill_leg(routed(), handoff)
+    assert json.loads(prefill.kv_transfer_params_json) == {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "transfer_id": "xfer-abc",
+    }
+    decode = apply_kv_handoff(to_proto(image_request()), handoff)
+    assert json.loads(decode.kv_transfer_params_json) == {
+        "do_remote_decode": False,
+        "do_remote_prefill": True,
+        "transfer_id": "xfer-abc",
+        "remote_engine_id": "p0",
+        "remote_bootstrap_addr": "http://10.0.0.1:8998",
+    }
+    # The minted transfer is the handoff: the 502 check accepts it.
+    ensure_kv_handoff(to_proto(image_request()), DecodeForm.TEXT_PLUS_HASHES, decode)
+
+
+def test_mooncake_under_data_parallelism_pins_the_rank() -> None:
+    pinned = PrefillKv(
+        KvConnectorMode.MOONCAKE, engine_id="p0", bootstrap_host="h", dp_size=4, dp_rank=2
+    )
+    handoff = plan_kv_handoff(pinned, n=1, transfer_id="xfer-1")
+    decode = apply_kv_handoff(to_proto(text_request()), handoff)
+    assert json.loads(decode.kv_transfer_params_json)["remote_engine_id"] == "p0_dp2"
+    assert prefill_leg(routed(), handoff).data_parallel_rank == 2
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_legacy_mooncake_puts_host_and_port_on_every_decode_leg(n: int) -> None:
+    unpinned = PrefillKv(KvConnectorMode.MOONCAKE, engine_id="p0", bootstrap_host="h", dp_size=2)
+    handoff = plan_kv_handoff(unpinned, n=n)
+    assert handoff.decode_params is None and handoff.prefill_params is None
+    leg = apply_kv_handoff(to_proto(text_request(n=n)), handoff)
+    assert (leg.kv_transfer_params.remote_host, leg.kv_transfer_params.remote_port) == (
+        "h",
+        8998,
+    )
+    assert not leg.HasField("kv_transfer_params_json")
+
+
+def test_the_prefill_worker_is_read_from_its_server_info() -> None:
+    info = pb.GetServerInfoResponse(
+        kv_connector="MooncakeConnector", kv_engine_id="eng", data_parallel_size=1
+    )
+    kv = prefill_kv_from_info(info, "prefill-0.svc:50051", bootstrap_port=9000)
+    assert kv == PrefillKv(KvConnectorMode.MOONCAKE, "eng", "prefill-0.svc", 9000)
+    assert prefill_kv_from_info(info, "[fd00::1]:50051").bootstrap_addr == "http://[fd00::1]:8998"
+    assert prefill_kv_from_info(info, "dns:///p:1").bootstrap_host == "p"
+    for name, mode in [
+        ("NixlConnector", KvConnectorMode.NIXL),
+        ("TransferConnector", KvConnectorMode.NIXL),
+        ("ExampleConnector", KvConnectorMode.PASSTHROUGH),
+        ("", KvConnectorMode.PASSTHROUGH),
+    ]:
+        assert kv_mode_from_server_info(pb.GetServerInfoResponse(kv_connector=name)) is mode
+
+
+def test_an_unknown_connector_is_refused_at_start_up() -> None:
+    info = pb.GetServerInfoResponse(kv_connector="MyConnector")
+    with pytest.raises(InvalidConfiguration) as caught:
+        prefill_kv_from_info(info, "p:1")
+    assert caught.value.param == "kv_connector"
+    assert "explicitly" in caught.value.message
+    explicit = prefill_kv_from_info(info, "p:1", mode=KvConnectorMode.NIXL)
+    assert explicit.mode is KvConnectorMode.NIXL
 
 
 def test_relay_takes_the_json_and_the_legacy_pair() -> None:

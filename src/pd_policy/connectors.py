@@ -1,0 +1,277 @@
+"""How the prefill worker hands its KV to the decode worker, by KV connector.
+
+vLLM names a worker's connector in its ``kv_transfer_config`` (SMG's servicer
+reports it as ``GetServerInfoResponse.kv_connector``). Each connector follows
+one of three handoff contracts, read off the *prefill* worker:
+
+* ``NIXL``: the prefill leg is tagged ``{"do_remote_decode": true, ...}`` and
+  the parameters its engine returns are relayed to the decode leg.
+* ``MOONCAKE``: the router mints a transfer id and tells both legs up front.
+  Without an engine id for the prefill worker (or under data parallelism with
+  no pinned rank) it falls back to the legacy typed host and port, on every
+  decode leg, n>1 included.
+* ``PASSTHROUGH``: nothing is tagged; whatever the engine returns is relayed.
+
+The handoff has a single consumer, so a request with n>1 gets no prefill leg
+at all: its decode leg runs alone and recomputes the prompt.
+
+:func:`plan_kv_handoff` turns these rules into data, :class:`KvHandoff`, so
+every adapter applies the same plan.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+import attrs
+
+from .errors import InvalidConfiguration
+from .request import LegacyKvParams, Request
+
+__all__ = [
+    "CONNECTOR_MODES",
+    "DEFAULT_BOOTSTRAP_PORT",
+    "NIXL_PREFILL_PARAMS",
+    "KvConnectorMode",
+    "KvHandoff",
+    "PrefillKv",
+    "apply_kv_handoff",
+    "connector_mode",
+    "mint_transfer_id",
+    "plan_kv_handoff",
+]
+
+
+class KvConnectorMode(enum.Enum):
+    """The handoff contract a prefill worker's KV connector follows."""
+
+    NIXL = "nixl"
+    MOONCAKE = "mooncake"
+    PASSTHROUGH = "passthrough"
+
+
+#: vLLM connector class names (``kv_transfer_config.kv_connector``) and their contract.
+#: ``""`` is a worker with no connector: nothing to tag, nothing comes back.
+CONNECTOR_MODES: Final[Mapping[str, KvConnectorMode]] = MappingProxyType(
+    {
+        "NixlConnector": KvConnectorMode.NIXL,
+        "NixlPullConnector": KvConnectorMode.NIXL,
+        # pd-policy's own CPU connector follows NIXL's contract: tag, then relay.
+        "TransferConnector": KvConnectorMode.NIXL,
+        "MooncakeConnector": KvConnectorMode.MOONCAKE,
+        # Store and offload connectors return no parameters: they load by content.
+        "ExampleConnector": KvConnectorMode.PASSTHROUGH,
+        "SharedStorageConnector": KvConnectorMode.PASSTHROUGH,
+        "LMCacheConnectorV1": KvConnectorMode.PASSTHROUGH,
+        "LMCacheMPConnector": KvConnectorMode.PASSTHROUGH,
+        "MooncakeStoreConnector": KvConnectorMode.PASSTHROUGH,
+        "OffloadingConnector": KvConnectorMode.PASSTHROUGH,
+        "SimpleCPUOffloadConnector": KvConnectorMode.PASSTHROUGH,
+        "": KvConnectorMode.PASSTHROUGH,
+    }
+)
+
+#: The bootstrap port of a Mooncake prefill worker when its operator names none.
+DEFAULT_BOOTSTRAP_PORT: Final = 8998
+
+#: What a NIXL prefill leg is tagged with: keep the KV for a remote decode.
+NIXL_PREFILL_PARAMS: Final = '{"do_remote_decode":true,"do_remote_prefill":false}'
+
+
+def connector_mode(kv_connector: str) -> KvConnectorMode:
+    """The handoff contract of the connector class named ``kv_connector``.
+
+    The name is matched exactly, as vLLM registers it. Raises
+    :class:`~pd_policy.errors.InvalidConfiguration` for a name not in
+    :data:`CONNECTOR_MODES`: guessing would either tag a prefill its connector
+    ignores or leave untagged one that needs it, and then every image request
+    fails its handoff. Name the mode explicitly for such a connector.
+    """
+    mode = CONNECTOR_MODES.get(kv_connector)
+    if mode is None:
+        raise InvalidConfiguration(
+            f"unknown KV connector {kv_connector[:64]!r}: pass its handoff mode (nixl, mooncake "
+            "or passthrough) explicitly",
+            param="kv_connector",
+        )
+    return mode
+
+
+def _check_port(_inst: object, _attr: attrs.Attribute[int], value: int) -> None:
+    if type(value) is not int or not 1 <= value <= 65535:
+        raise InvalidConfiguration(
+            "bootstrap_port must be an integer in 1..65535", "bootstrap_port"
+        )
+
+
+def _check_dp_size(_inst: object, _attr: attrs.Attribute[int], value: int) -> None:
+    if type(value) is not int or value < 1:
+        raise InvalidConfiguration("dp_size must be a positive integer", "dp_size")
+
+
+def _empty_to_none(value: object) -> object:
+    return None if value == "" else value
+
+
+@attrs.frozen(slots=True)
+class PrefillKv:
+    """What a router knows about how its prefill worker hands KV over.
+
+    ``mode`` is the connector's contract. For ``MOONCAKE``: ``engine_id`` is
+    the worker's ``kv_engine_id`` (empty or ``None`` when it reports none),
+    ``bootstrap_host`` the host of the worker's address and ``bootstrap_port``
+    the operator's Mooncake bootstrap port; ``dp_size`` and ``dp_rank`` are its
+    data parallelism and the rank this router pins, if any.
+
+    Raises :class:`~pd_policy.errors.InvalidConfiguration` for Mooncake
+    without a bootstrap host, a port outside 1..65535, a data-parallel size
+    below 1, or a rank outside it.
+    """
+
+    mode: KvConnectorMode = attrs.field(validator=attrs.validators.instance_of(KvConnectorMode))
+    engine_id: str | None = attrs.field(
+        default=None,
+        converter=_empty_to_none,
+        validator=attrs.validators.optional(attrs.validators.instance_of(str)),
+    )
+    bootstrap_host: str | None = attrs.field(
+        default=None,
+        converter=_empty_to_none,
+        validator=attrs.validators.optional(attrs.validators.instance_of(str)),
+    )
+    bootstrap_port: int = attrs.field(default=DEFAULT_BOOTSTRAP_PORT, validator=_check_port)
+    dp_size: int = attrs.field(default=1, validator=_check_dp_size)
+    dp_rank: int | None = attrs.field(default=None)
+
+    def __attrs_post_init__(self) -> None:
+        if self.mode is KvConnectorMode.MOONCAKE and self.bootstrap_host is None:
+            raise InvalidConfiguration(
+                "a Mooncake prefill worker needs its bootstrap host", param="bootstrap_host"
+            )
+        rank = self.dp_rank
+        if rank is not None and (type(rank) is not int or not 0 <= rank < self.dp_size):
+            raise InvalidConfiguration(
+                f"dp_rank must be an integer in 0..{self.dp_size - 1}", param="dp_rank"
+            )
+
+    @property
+    def mooncake_engine_id(self) -> str | None:
+        """The engine id a Mooncake decode leg names, or ``None`` when none can be minted.
+
+        Under data parallelism each engine core serves ``{engine_id}_dp{rank}``,
+        so a worker with ``dp_size`` above 1 is minted for only when the router
+        pins its rank.
+        """
+        if self.engine_id is None:
+            return None
+        if self.dp_size > 1:
+            return None if self.dp_rank is None else f"{self.engine_id}_dp{self.dp_rank}"
+        return self.engine_id
+
+    @property
+    def bootstrap_addr(self) -> str:
+        """``http://host:port``, an IPv6 host in brackets."""
+        host = self.bootstrap_host or ""
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.bootstrap_port}"
+
+
+@attrs.frozen(slots=True)
+class KvHandoff:
+    """The KV handoff of one request, as data: what each leg carries about it.
+
+    ``runs_prefill`` is false for n>1: the decode leg then runs alone.
+    ``prefill_params`` tags the prefill leg (``None``: the leg keeps what it
+    has). ``decode_params`` and ``decode_legacy`` go on the decode leg before
+    prefill runs (a minted Mooncake transfer, or the legacy host and port).
+    ``relays``: put the KV parameters the prefill returns on the decode leg.
+    ``dp_rank`` is the data-parallel rank to pin the prefill leg to.
+    """
+
+    runs_prefill: bool
+    prefill_params: str | None = None
+    decode_params: str | None = None
+    decode_legacy: LegacyKvParams | None = None
+    relays: bool = False
+    transfer_id: str | None = None
+    dp_rank: int | None = None
+
+
+def _json(params: dict[str, object]) -> str:
+    return json.dumps(params, separators=(",", ":"))
+
+
+def plan_kv_handoff(kv: PrefillKv, *, n: int, transfer_id: str | None = None) -> KvHandoff:
+    """The handoff for a request asking for ``n`` samples (0 means 1), through ``kv``.
+
+    ``transfer_id`` is the id a Mooncake transfer is minted with; ``None``
+    mints a fresh one (:func:`mint_transfer_id`). Pure given ``transfer_id``.
+    """
+    legacy = None
+    engine_id = kv.mooncake_engine_id if kv.mode is KvConnectorMode.MOONCAKE else None
+    if kv.mode is KvConnectorMode.MOONCAKE and engine_id is None:
+        assert kv.bootstrap_host is not None  # PrefillKv checks it
+        legacy = LegacyKvParams(kv.bootstrap_host, kv.bootstrap_port)
+    if n > 1:
+        # One consumer per handoff: decode recomputes the prompt alone.
+        return KvHandoff(runs_prefill=False, decode_legacy=legacy)
+    if kv.mode is KvConnectorMode.NIXL:
+        return KvHandoff(runs_prefill=True, prefill_params=NIXL_PREFILL_PARAMS, relays=True)
+    if kv.mode is KvConnectorMode.PASSTHROUGH:
+        return KvHandoff(runs_prefill=True, relays=True)
+    if engine_id is None:
+        return KvHandoff(runs_prefill=True, decode_legacy=legacy)
+    tid = transfer_id if transfer_id is not None else mint_transfer_id()
+    prefill = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": tid}
+    decode = {
+        "do_remote_decode": False,
+        "do_remote_prefill": True,
+        "transfer_id": tid,
+        "remote_engine_id": engine_id,
+        "remote_bootstrap_addr": kv.bootstrap_addr,
+    }
+    return KvHandoff(
+        runs_prefill=True,
+        prefill_params=_json(prefill),
+        decode_params=_json(decode),
+        transfer_id=tid,
+        dp_rank=kv.dp_rank if kv.dp_size > 1 else None,
+    )
+
+
+def apply_kv_handoff(leg: Request, handoff: KvHandoff) -> Request:
+    """The decode leg carrying what ``handoff`` puts on it before prefill.
+
+    A minted transfer replaces any KV parameters the leg had; the legacy pair
+    is set as the typed form. A leg the plan puts nothing on is returned as is.
+    """
+    changes: dict[str, object] = {}
+    if handoff.decode_params is not None:
+        changes["kv_transfer_params"] = handoff.decode_params
+    if handoff.decode_legacy is not None:
+        changes["kv_legacy"] = handoff.decode_legacy
+    return leg._derive_trusted(**changes) if changes else leg
+
+
+def mint_transfer_id(*, unix_ms: int | None = None, random: bytes | None = None) -> str:
+    """A Mooncake transfer id: ``"xfer-"`` and a UUIDv7 (time-ordered, 74 random bits).
+
+    ``unix_ms`` and ``random`` (10 bytes) default to the clock and the OS;
+    tests pass them to get a fixed id.
+    """
+    ms = time.time_ns() // 1_000_000 if unix_ms is None else unix_ms
+    rand = os.urandom(10) if random is None else random
+    if len(rand) != 10:
+        raise ValueError("random must be 10 bytes")
+    value = (ms & (1 << 48) - 1) << 80
+    value |= 0x7 << 76 | (int.from_bytes(rand[:2], "big") & 0x0FFF) << 64
+    value |= 0b10 << 62 | int.from_bytes(rand[2:], "big") & (1 << 62) - 1
+    return f"xfer-{uuid.UUID(int=value)}"
