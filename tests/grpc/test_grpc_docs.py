@@ -4,27 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from pathlib import Path
-from typing import Any
 
 from engines import LanguageModelOnlyDecodeEngine, PrefillEngine, answer, serve_address
 from proto_strategies import to_proto
 
+from docs_examples import load_route
 from pd_policy.scenarios import image_request, mrope_request
-
-DOC = Path(__file__).resolve().parents[2] / "docs" / "grpc.md"
-
-
-def load_route() -> Callable[..., Awaitable[tuple[int, Any]]]:
-    (block,) = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
-    assert len(block.strip().splitlines()) < 30
-    namespace: dict[str, Any] = {}
-    exec(compile(block, str(DOC), "exec"), namespace)
-    route: Callable[..., Awaitable[tuple[int, Any]]] = namespace["route"]
-    return route
 
 
 def test_the_router_example_serves_and_refuses() -> None:

@@ -1,0 +1,196 @@
+"""``pd_policy_grpc`` against SMG's real vLLM servicer: grid-less LLaVA, vision prefill to a
+``--language-model-only`` decode, joined by the ``TransferConnector``.
+
+Three servicer processes, started once for this module and stopped by process
+id: a full-vision prefill (KV producer), a language-model-only decode (KV
+consumer) and a full-vision baseline with no connector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import attrs
+import pytest
+from router_side import image, router_request
+from servers import running
+from smg_peers import Recorder, Streamed, servicer, streamed
+from tiny_models import TinyModel
+
+import grpc
+from docs_examples import load_route
+from pd_policy import (
+    KvConnectorMode,
+    MissingKvTransferParams,
+    MropeOnLanguageModelOnlyDecode,
+    NSamplesOnLanguageModelOnlyDecode,
+    PolicyError,
+    VisionSupport,
+)
+from pd_policy.scenarios import mrope_request
+from pd_policy_grpc import SequentialPd, capability_from_info, prefill_kv_from_info
+from pd_policy_grpc.wire import pb, pb_grpc
+from wire_messages import to_proto
+
+_FILLER = " ".join(["describe the red dog on the mat and the blue cat"] * 6)
+
+
+@attrs.frozen
+class Fleet:
+    prefill: str
+    decode: str
+    baseline: str
+    model: TinyModel
+
+
+@pytest.fixture(scope="module")
+def fleet(llava: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("smg-llava")
+    transfers = root / "transfers"
+    prefill, prefill_at = servicer(
+        "llava-prefill", llava, root, kv_role="kv_producer", transfer_dir=transfers
+    )
+    decode, decode_at = servicer(
+        "llava-decode", llava, root, language_model_only=True,
+        kv_role="kv_consumer", transfer_dir=transfers,
+    )  # fmt: skip
+    baseline, baseline_at = servicer("llava-baseline", llava, root)
+    with running([prefill, decode, baseline]):
+        yield Fleet(prefill_at, decode_at, baseline_at, llava)
+
+
+def request(fleet: Fleet, variant: str, seed: int | None, *, n: int = 1) -> pb.GenerateRequest:
+    """A LLaVA request over four 32-id blocks; ``seed`` picks the image (``None``: text)."""
+    if seed is None:
+        prompt = f"USER: {variant} {_FILLER}\nASSISTANT:"
+        return router_request(str(fleet.model.path), prompt, request_id=variant, n=n)
+    return router_request(
+        str(fleet.model.path),
+        f"USER: <image>\n{variant} {_FILLER}\nASSISTANT:",
+        [image(seed)],
+        image_token_id=fleet.model.image_token_id,
+        request_id=f"{variant}-{seed}",
+        n=n,
+    )
+
+
+async def baseline(fleet: Fleet, message: pb.GenerateRequest) -> Streamed:
+    async with grpc.aio.insecure_channel(fleet.baseline) as channel:
+        return await streamed(pb_grpc.VllmEngineStub(channel).Generate(message, timeout=60))
+
+
+async def info(address: str) -> tuple[pb.GetModelInfoResponse, pb.GetServerInfoResponse]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.VllmEngineStub(channel)
+        return (
+            await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10),
+            await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10),
+        )
+
+
+def test_the_capability_agrees_with_the_servicer(fleet: Fleet) -> None:
+    async def main() -> None:
+        for address, vision in ((fleet.prefill, True), (fleet.decode, False),
+                                (fleet.baseline, True)):  # fmt: skip
+            model_info, server_info = await info(address)
+            assert model_info.supports_vision is vision
+            capability = capability_from_info(model_info, server_info)
+            assert capability.supports_vision is VisionSupport.from_bool(vision)
+        # The project's own connector is read as what it is: tag the prefill, relay.
+        _, prefill_info = await info(fleet.prefill)
+        assert prefill_info.kv_connector == "TransferConnector"
+        assert prefill_kv_from_info(prefill_info, fleet.prefill).mode is KvConnectorMode.NIXL
+
+    asyncio.run(main())
+
+
+async def sequential(
+    fleet: Fleet, kv: KvConnectorMode | None = None
+) -> tuple[SequentialPd, Recorder, Recorder]:
+    """A ``SequentialPd`` over recorded channels, configured from the workers' own answers
+    (or with the handoff ``kv`` forced)."""
+    prefill_calls, decode_calls = Recorder(), Recorder()
+    p = grpc.aio.insecure_channel(fleet.prefill, interceptors=[prefill_calls])
+    d = grpc.aio.insecure_channel(fleet.decode, interceptors=[decode_calls])
+    decode_info, decode_server = await info(fleet.decode)
+    _, prefill_server = await info(fleet.prefill)
+    handoff = kv or prefill_kv_from_info(prefill_server, fleet.prefill)
+    capability = capability_from_info(decode_info, decode_server)
+    return SequentialPd(p, d, capability, kv=handoff, timeout=60), prefill_calls, decode_calls
+
+
+def test_images_a_b_a_match_one_full_vision_servicer(fleet: Fleet) -> None:
+    async def main() -> None:
+        expected = [await baseline(fleet, request(fleet, "abA", seed)) for seed in (1, 2)]
+        assert expected[0].tokens != expected[1].tokens  # else matching would prove nothing
+        pd, prefill_calls, decode_calls = await sequential(fleet)
+        served = [await streamed(pd.generate(request(fleet, "abA", s))) for s in (1, 2, 1)]
+        assert [s.tokens for s in served] == [expected[0].tokens, expected[1].tokens,
+                                              expected[0].tokens]  # fmt: skip
+        # The decode servicer loaded the prefill's KV for A and for B, and its own prefix
+        # cache (the servicer folds the hashes into the salt) hit for A again, not for B.
+        first, b, again = (s.kv_report for s in served)
+        assert first["loaded_tokens"] > 0 and b["loaded_tokens"] > 0
+        assert (first["local_cached_tokens"], b["local_cached_tokens"]) == (0, 0)
+        assert again["local_cached_tokens"] > 0
+        assert (prefill_calls.generates, decode_calls.generates) == (3, 3)
+
+    asyncio.run(main())
+
+
+def test_refusals_never_send_a_generate_to_a_worker_that_should_not_get_one(
+    fleet: Fleet,
+) -> None:
+    async def main() -> None:
+        pd, prefill_calls, decode_calls = await sequential(fleet)
+        # M-RoPE grids and n>1 with an image: 400s before any request.
+        for message, error in (
+            (to_proto(mrope_request()), MropeOnLanguageModelOnlyDecode),
+            (request(fleet, "n2", 1, n=2), NSamplesOnLanguageModelOnlyDecode),
+        ):
+            with pytest.raises(error) as caught:
+                await streamed(pd.generate(message))
+            assert caught.value.status == 400
+        assert prefill_calls.methods == [] and decode_calls.methods == []
+        # A prefill that hands nothing off (left untagged, it stores nothing): the 502,
+        # after the prefill and before any decode request.
+        untagged, prefill_calls, decode_calls = await sequential(
+            fleet, kv=KvConnectorMode.PASSTHROUGH
+        )
+        with pytest.raises(MissingKvTransferParams) as missing:
+            await streamed(untagged.generate(request(fleet, "silent", 1)))
+        assert missing.value.status == 502 and not missing.value.retryable
+        assert (prefill_calls.generates, decode_calls.generates) == (1, 0)
+        # Text n>1: decode runs alone, and recomputes the prompt.
+        text = await streamed(untagged.generate(request(fleet, "text-n2", None)))
+        assert text.tokens == (await baseline(fleet, request(fleet, "text-n2", None))).tokens
+
+    asyncio.run(main())
+
+
+def test_the_router_example_of_the_docs_runs_verbatim(fleet: Fleet) -> None:
+    route = load_route()
+
+    async def main() -> None:
+        message = request(fleet, "docs", 3)
+        status, tokens = await route(message, fleet.prefill, fleet.decode)
+        assert status == 200
+        assert tokens == (await baseline(fleet, request(fleet, "docs", 3))).tokens
+        status, body = await route(request(fleet, "docs-n2", 3, n=2), fleet.prefill, fleet.decode)
+        assert status == 400
+        assert json.loads(body)["error"]["code"] == "pd_decode_language_model_only_n_samples"
+
+    asyncio.run(main())
+
+
+def test_policy_errors_leave_the_servicers_serving(fleet: Fleet) -> None:
+    async def main() -> None:
+        pd, _, _ = await sequential(fleet)
+        with pytest.raises(PolicyError):
+            await streamed(pd.generate(request(fleet, "after", 1, n=3)))
+        served = await streamed(pd.generate(request(fleet, "after", 1)))
+        assert served.tokens == (await baseline(fleet, request(fleet, "after", 1))).tokens
+
+    asyncio.run(main())

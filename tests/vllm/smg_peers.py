@@ -1,0 +1,124 @@
+"""SMG's vLLM gRPC servicer (``smg-grpc-servicer``) as a real peer, on tiny local models.
+
+The servicer runs under vLLM's own launcher,
+``python -m vllm.entrypoints.launchers.grpc_server``, with the settings the
+measurements in ``smg-servicer-on-cpu.md`` call for: SMG's warm-up off (it
+crashes connector engines), its KV-events publisher off (it binds on all
+interfaces), a small KV cache, fp32, eager, block size 32, and the project's
+``TransferConnector`` where the server takes part in P/D.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from live_engines import BLOCK_SIZE
+from servers import Server, free_port
+from tiny_models import TinyModel
+
+import grpc
+from pd_policy_grpc.wire import pb
+from pd_policy_vllm.transfer_connector import kv_transfer_config
+
+__all__ = ["SMG_ENV", "Recorder", "Streamed", "servicer", "streamed"]
+
+#: SMG's planned warm-up crashes connector engines; its KV-events publisher binds on all
+#: interfaces by default.
+SMG_ENV: Final = {"SMG_VLLM_SERVICER_WARMUP": "off", "SMG_VLLM_SERVICER_KV_EVENTS": "0"}
+
+
+def _serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=2
+        )
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def servicer(
+    name: str,
+    model: TinyModel,
+    logs: Path,
+    *,
+    language_model_only: bool = False,
+    limits: dict[str, int] | None = None,
+    kv_role: str | None = None,
+    transfer_dir: Path | None = None,
+) -> tuple[Server, str]:
+    """A servicer of ``model`` on a free loopback port, not yet started; and its address.
+
+    Full vision takes ``limits`` media per prompt (one image by default);
+    ``language_model_only`` serves no media. ``kv_role`` (``kv_producer``,
+    ``kv_consumer``) plugs in the ``TransferConnector`` over ``transfer_dir``.
+    """
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    argv = [
+        "-m", "vllm.entrypoints.launchers.grpc_server",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--model", str(model.path),
+        "--dtype", "float32", "--enforce-eager", "--seed", "0",
+        "--max-model-len", "1024", "--max-num-seqs", "4",
+        "--block-size", str(BLOCK_SIZE),
+        "--kv-cache-memory-bytes", str(64 * 2**20),
+    ]  # fmt: skip
+    if language_model_only:
+        argv.append("--language-model-only")
+    else:
+        argv += ["--limit-mm-per-prompt", json.dumps(limits or {"image": 1})]
+    if kv_role is not None:
+        assert transfer_dir is not None
+        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(kv_role, transfer_dir))]
+    return Server(name, argv, logs / f"{name}.log", lambda: _serving(address), dict(SMG_ENV)), (
+        address
+    )
+
+
+class Recorder(grpc.aio.UnaryStreamClientInterceptor):
+    """A client interceptor that records every streaming RPC a channel sends (``Generate``)."""
+
+    def __init__(self) -> None:
+        self.methods: list[str] = []
+
+    async def intercept_unary_stream(
+        self, continuation: Any, client_call_details: Any, request: Any
+    ) -> Any:
+        method = client_call_details.method
+        self.methods.append(method.decode() if isinstance(method, bytes) else str(method))
+        return await continuation(client_call_details, request)
+
+    @property
+    def generates(self) -> int:
+        return sum(m.endswith("/Generate") for m in self.methods)
+
+
+@attrs.frozen
+class Streamed:
+    """What a ``Generate`` stream returned: the tokens, and its ``GenerateComplete``."""
+
+    tokens: list[int]
+    complete: pb.GenerateComplete
+
+    @property
+    def kv_report(self) -> dict[str, Any]:
+        """The decode engine's connector report (``loaded_tokens``, ``local_cached_tokens``)."""
+        report: dict[str, Any] = json.loads(self.complete.kv_transfer_params_json or "{}")
+        return report
+
+
+async def streamed(responses: AsyncIterator[pb.GenerateResponse]) -> Streamed:
+    """Collect a stream: chunks carry deltas, and so does a streamed completion."""
+    tokens: list[int] = []
+    complete = None
+    async for response in responses:
+        if response.HasField("chunk"):
+            tokens.extend(response.chunk.token_ids)
+        elif response.HasField("complete"):
+            complete = response.complete
+    assert complete is not None, "the stream ended without a completion"
+    return Streamed(tokens or list(complete.output_ids), complete)
