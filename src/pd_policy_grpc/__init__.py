@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .capability import capability_from_info, capability_from_labels, worker_labels
 from .client import SequentialPd
+from .facts import WireFacts, read_facts
 from .kv import (
     apply_kv_handoff,
     ensure_kv_handoff,
@@ -33,6 +34,7 @@ __all__ = [
     "GrpcStatus",
     "HttpError",
     "SequentialPd",
+    "WireFacts",
     "apply_kv_handoff",
     "build_decode_leg",
     "capability_from_info",
@@ -53,6 +55,7 @@ __all__ = [
     "parse_generate_request",
     "prefill_kv_from_info",
     "prefill_leg",
+    "read_facts",
     "relay_kv",
     "request_view",
     "tensor_descriptor",

@@ -9,10 +9,7 @@ because its leg keeps them.
 
 from __future__ import annotations
 
-from typing import Final
-
 from google.protobuf.internal.containers import MessageMap
-from google.protobuf.message import Message
 
 from pd_policy import (
     MROPE_GRID_KEYS,
@@ -21,11 +18,9 @@ from pd_policy import (
     decide_decode_form,
 )
 
-from .view import check_generate_request, has_media_refs, has_mm_inputs
-from .wire import MM_FIELDS, pb
-
-#: Submessages that hold long repeated fields (the ids), copied field by field.
-_LARGE_SUBMESSAGES: Final = frozenset({"tokenized"})
+from .copying import copy_without_mm
+from .facts import Scanned, WireFacts, has_mrope_grids, scan
+from .wire import pb
 
 __all__ = [
     "build_decode_leg",
@@ -34,57 +29,6 @@ __all__ = [
     "has_mrope_grids",
     "identity_only",
 ]
-
-
-def has_mrope_grids(request: pb.GenerateRequest) -> bool:
-    """True when any batch has an M-RoPE grid key (payload or not), as the core decides."""
-    if request.HasField("mm_inputs") and _has_grid(request.mm_inputs):
-        return True
-    return any(_has_grid(extra) for extra in request.extra_mm_inputs)
-
-
-def _has_grid(batch: pb.MultimodalInputs) -> bool:
-    tensors = batch.model_specific_tensors
-    return bool(tensors) and any(key in MROPE_GRID_KEYS for key in tensors)
-
-
-def _copy_fields(target: Message, source: Message, skip: frozenset[str] = frozenset()) -> None:
-    """Copy ``source``'s set fields into ``target``, except ``skip``.
-
-    Repeated fields are extended rather than copied with ``CopyFrom``: upb's
-    ``CopyFrom`` round-trips through the wire format, ~25 µs for 4096 ids where
-    ``extend`` takes ~1 µs. Small submessages take ``CopyFrom``. Fields this
-    version of the proto does not know are not carried over.
-    """
-    for field, value in source.ListFields():
-        name = field.name
-        if name in skip:
-            continue
-        if field.is_repeated:
-            if field.message_type is not None and field.message_type.GetOptions().map_entry:
-                getattr(target, name).MergeFrom(value)
-            else:
-                getattr(target, name).extend(value)
-        elif field.message_type is None:
-            setattr(target, name, value)
-        elif name in _LARGE_SUBMESSAGES:
-            child = getattr(target, name)
-            child.SetInParent()  # an empty submessage is still set
-            _copy_fields(child, value)
-        else:
-            getattr(target, name).CopyFrom(value)
-
-
-def _copy_without_mm(request: pb.GenerateRequest) -> pb.GenerateRequest:
-    # The multimodal fields (and their payloads) are never touched.
-    leg = pb.GenerateRequest()
-    _copy_fields(leg, request, MM_FIELDS)
-    return leg
-
-
-def _add_hash_identity(target: pb.MultimodalInputs, batch: pb.MultimodalInputs) -> None:
-    target.mm_hashes.extend(batch.mm_hashes)
-    target.modality = batch.modality
 
 
 def _is_inline(tensors: MessageMap[str, pb.TensorData], name: str) -> bool:
@@ -129,13 +73,26 @@ def clone_without_mm(request: pb.GenerateRequest) -> pb.GenerateRequest:
     both KV forms included. Each batch becomes its hashes and modality; a
     hash-less batch (primary or extra) is dropped whole; ``media_refs`` go.
     """
-    leg = _copy_without_mm(request)
-    if request.HasField("mm_inputs") and request.mm_inputs.mm_hashes:
-        _add_hash_identity(leg.mm_inputs, request.mm_inputs)
-    for extra in request.extra_mm_inputs:
-        if extra.mm_hashes:
-            _add_hash_identity(leg.extra_mm_inputs.add(), extra)
-    return leg
+    return _text_plus_hashes(request, scan(request, check=False))
+
+
+def _text_plus_hashes(request: pb.GenerateRequest, scanned: Scanned) -> pb.GenerateRequest:
+    # Each batch becomes its hashes and modality, built by the leg's constructor.
+    fields: dict[str, object] = {}
+    hashes = iter(scanned.hashes)
+    primary = scanned.primary
+    if primary is not None:
+        primary_hashes = next(hashes)
+        if primary_hashes:
+            fields["mm_inputs"] = {"mm_hashes": primary_hashes, "modality": primary.modality}
+    extras = [
+        {"mm_hashes": extra_hashes, "modality": extra.modality}
+        for extra, extra_hashes in zip(scanned.extras, hashes, strict=True)
+        if extra_hashes
+    ]
+    if extras:
+        fields["extra_mm_inputs"] = extras
+    return copy_without_mm(request, **fields)
 
 
 def identity_only(request: pb.GenerateRequest) -> pb.GenerateRequest:
@@ -144,7 +101,7 @@ def identity_only(request: pb.GenerateRequest) -> pb.GenerateRequest:
     No pixels; inline M-RoPE grids (and their inline sizes tensors) are kept;
     ``media_refs`` are kept.
     """
-    leg = _copy_without_mm(request)
+    leg = copy_without_mm(request)
     if request.HasField("media_refs"):
         leg.media_refs.CopyFrom(request.media_refs)
     if request.HasField("mm_inputs"):
@@ -168,14 +125,16 @@ def decode_form(
     :func:`~pd_policy_grpc.check_generate_request`, for a router that already
     ran it on ingress (``parse_generate_request`` does).
     """
-    if check:
-        check_generate_request(request)
+    return _decide(scan(request, check=check), decode_worker)
+
+
+def _decide(facts: WireFacts | Scanned, decode_worker: WorkerCapability) -> DecodeForm:
     return decide_decode_form(
         language_model_only=decode_worker.language_model_only,
-        n=request.sampling_params.n,
-        has_mrope_grids=has_mrope_grids(request),
-        has_media_refs=has_media_refs(request),
-        has_mm_inputs=has_mm_inputs(request),
+        n=facts.n,
+        has_mrope_grids=facts.has_mrope_grids,
+        has_media_refs=facts.has_media_refs,
+        has_mm_inputs=facts.has_mm_inputs,
     )
 
 
@@ -187,9 +146,10 @@ def build_decode_leg(
     Raises :class:`~pd_policy.MalformedRequest` and the core's carve-out errors
     (all 400s) before anything is copied. ``check=False``: see :func:`decode_form`.
     """
-    form = decode_form(request, decode_worker, check=check)
+    scanned = scan(request, check=check)
+    form = _decide(scanned, decode_worker)
     if form is DecodeForm.TEXT_PLUS_HASHES:
-        return form, clone_without_mm(request)
+        return form, _text_plus_hashes(request, scanned)
     if form is DecodeForm.IDENTITY_ONLY:
         return form, identity_only(request)
     leg = pb.GenerateRequest()

@@ -9,7 +9,6 @@ their own.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from typing import Final
@@ -25,6 +24,7 @@ from pd_policy import (
     TensorDescriptor,
 )
 
+from .facts import check_generate_request
 from .wire import modality_from_wire, pb
 
 __all__ = [
@@ -88,82 +88,6 @@ def tensor_descriptor(name: str, tensor: pb.TensorData) -> TensorDescriptor:
     else:
         nbytes = 0
     return TensorDescriptor(name, shape, tensor.dtype, location, nbytes)
-
-
-def _fail(param: str, message: str) -> MalformedRequest:
-    return MalformedRequest(f"{param}: {message}", param=param)
-
-
-def check_generate_request(request: pb.GenerateRequest) -> None:
-    """Check the wire invariants the policy relies on; cheap, and copies no payload.
-
-    Raises :class:`~pd_policy.MalformedRequest` (400) naming the field when: no
-    input is set; media references ride with batches or text input, or have an
-    empty URL or unknown modality; a batch has an unknown modality, an empty
-    content hash, a zero-length placeholder, a placeholder past the end of
-    ``input_ids`` (or any placeholder on text input), or a placeholder count
-    that differs from its hash count; ``kv_transfer_params_json`` is not the
-    text of a JSON object.
-    """
-    which = request.WhichOneof("input")
-    if which is None:
-        raise _fail("input", "set either tokenized or text")
-    n_ids = len(request.tokenized.input_ids) if which == "tokenized" else -1
-    if has_media_refs(request):
-        _check_media_refs(request, n_ids)
-    # Runs on every request a router routes: paths are only built on failure.
-    if request.HasField("mm_inputs"):
-        _check_batch(request.mm_inputs, n_ids, -1)
-    for i, extra in enumerate(request.extra_mm_inputs):
-        _check_batch(extra, n_ids, i)
-    if request.HasField("kv_transfer_params_json"):
-        try:
-            parsed = json.loads(request.kv_transfer_params_json)
-        except ValueError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise _fail("kv_transfer_params_json", "must be the text of a JSON object")
-
-
-def _batch_path(index: int) -> str:
-    return "mm_inputs" if index < 0 else f"extra_mm_inputs[{index}]"
-
-
-def _check_media_refs(request: pb.GenerateRequest, n_ids: int) -> None:
-    if has_mm_inputs(request):
-        raise _fail("media_refs", "media_refs cannot be combined with mm_inputs")
-    if n_ids < 0:
-        raise _fail("media_refs", "media_refs require tokenized input")
-    for i, ref in enumerate(request.media_refs.items):
-        if not ref.url:
-            raise _fail(f"media_refs.items[{i}].url", "a media reference needs a URL")
-        if modality_from_wire(ref.modality) is None:
-            raise _fail(f"media_refs.items[{i}].modality", "unknown modality")
-
-
-def _check_batch(batch: pb.MultimodalInputs, n_ids: int, index: int) -> None:
-    if modality_from_wire(batch.modality) is None:
-        raise _fail(f"{_batch_path(index)}.modality", "unknown modality")
-    hashes = batch.mm_hashes
-    if not all(hashes):
-        empty = list(hashes).index("")
-        raise _fail(f"{_batch_path(index)}.mm_hashes[{empty}]", "a content hash must not be empty")
-    placeholders = batch.mm_placeholders
-    if not placeholders:
-        return
-    for i, ph in enumerate(placeholders):
-        offset, length = ph.offset, ph.length
-        if length == 0 or offset + length > n_ids:
-            where = f"{_batch_path(index)}.mm_placeholders[{i}]"
-            if length == 0:
-                raise _fail(where, "a placeholder range must cover at least one token")
-            detail = "runs past input_ids" if n_ids >= 0 else "needs tokenized input"
-            raise _fail(where, f"[{offset}, {offset + length}) {detail}")
-    if hashes and len(placeholders) != len(hashes):
-        raise _fail(
-            f"{_batch_path(index)}.mm_hashes",
-            f"{len(placeholders)} placeholders, {len(hashes)} hashes",
-        )
 
 
 def parse_generate_request(data: bytes) -> pb.GenerateRequest:

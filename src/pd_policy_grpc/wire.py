@@ -15,7 +15,15 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from pd_policy import Modality
 
-__all__ = ["MM_FIELDS", "common", "modality_from_wire", "modality_to_wire", "pb", "pb_grpc"]
+__all__ = [
+    "MM_FIELDS",
+    "WIRE_MODALITIES",
+    "common",
+    "modality_from_wire",
+    "modality_to_wire",
+    "pb",
+    "pb_grpc",
+]
 
 #: The ``GenerateRequest`` fields that carry multimodal input.
 MM_FIELDS: Final = frozenset({"mm_inputs", "extra_mm_inputs", "media_refs"})
@@ -26,6 +34,9 @@ _FROM_WIRE: Final[dict[int, Modality]] = {
     common.AUDIO: Modality.AUDIO,
     common.VIDEO: Modality.VIDEO,
 }
+#: The wire modality values this version of the proto knows.
+WIRE_MODALITIES: Final = frozenset(_FROM_WIRE)
+
 _TO_WIRE: Final[dict[Modality, int]] = {
     Modality.IMAGE: common.IMAGE,
     Modality.AUDIO: common.AUDIO,
