@@ -61,6 +61,7 @@ test: lint typecheck pytest docs
 docs-tables: $(VENV)/.core
 	$(VENV)/bin/pd-policy tables decisions --write docs/decisions.md
 	$(VENV)/bin/pd-policy tables errors --write docs/errors.md
+	$(VENV)/bin/pd-policy tables connectors --write docs/grpc.md
 
 clean:
 	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -10,7 +10,11 @@ import pytest
 from pd_policy.tables import TABLES, splice
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = {"decisions": ROOT / "docs" / "decisions.md", "errors": ROOT / "docs" / "errors.md"}
+DOCS = {
+    "connectors": ROOT / "docs" / "grpc.md",
+    "decisions": ROOT / "docs" / "decisions.md",
+    "errors": ROOT / "docs" / "errors.md",
+}
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))

@@ -1,6 +1,6 @@
 """The docs tables, rendered from the code so the docs cannot drift from it.
 
-``docs/decisions.md`` and ``docs/errors.md`` hold these tables between
+``docs/decisions.md``, ``docs/errors.md`` and ``docs/grpc.md`` hold these tables between
 ``<!-- BEGIN GENERATED: name -->`` and ``<!-- END GENERATED: name -->``
 markers; a test checks that they are current and ``pd-policy tables --write``
 rewrites them.
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
+from .connectors import CONNECTOR_MODES, NIXL_PREFILL_PARAMS, KvConnectorMode
 from .decision import DecodeForm, sequential_pd_decode_form
 from .errors import ERROR_CATALOG, PolicyError
 from .request import Request
@@ -65,6 +66,31 @@ def decision_table() -> str:
     )
 
 
+def connector_table() -> str:
+    """The KV connectors this library knows, by handoff contract, with what each leg carries."""
+    by_mode: dict[KvConnectorMode, list[str]] = {mode: [] for mode in KvConnectorMode}
+    for name, mode in CONNECTOR_MODES.items():
+        by_mode[mode].append(f"`{name}`" if name else "none (no `kv_transfer_config`)")
+    what = {
+        KvConnectorMode.NIXL: (
+            "tagged `" + NIXL_PREFILL_PARAMS + "`",
+            "the parameters the prefill returned, relayed",
+        ),
+        KvConnectorMode.MOONCAKE: (
+            "tagged with a minted `transfer_id`",
+            "the same transfer, the engine id and the bootstrap address; or, with no engine "
+            "id to mint for, the legacy typed host and port",
+        ),
+        KvConnectorMode.PASSTHROUGH: ("not tagged", "whatever the engine returned, relayed"),
+    }
+    lines = ["| contract | connectors | prefill leg | decode leg |", "|---|---|---|---|"]
+    for mode in KvConnectorMode:
+        prefill, decode = what[mode]
+        lines.append(f"| `{mode.value}` | {', '.join(by_mode[mode])} | {prefill} | {decode} |")
+    lines += ["", "Any other connector name is refused at start-up (`pd_invalid_configuration`)."]
+    return "\n".join(lines)
+
+
 def error_table() -> str:
     """The error catalog as a table."""
     lines = ["| code | HTTP | retryable | meaning |", "|---|---|---|---|"]
@@ -77,6 +103,7 @@ def error_table() -> str:
 
 #: Every generated table, by the name its markers use.
 TABLES: Final[dict[str, Callable[[], str]]] = {
+    "connectors": connector_table,
     "decisions": decision_table,
     "errors": error_table,
 }
