@@ -140,4 +140,56 @@ workers = st.builds(
     st.sampled_from(list(VisionSupport)),
     st.sampled_from(["", "inprocess", "redis"]),
     st.lists(st.sampled_from(["http", "https", "data", "s3"]), unique=True, max_size=3),
+    st.sampled_from(list(VisionSupport)),
 )
+
+
+@st.composite
+def metadata_requests(draw: st.DrawFn) -> Request:
+    """M-RoPE requests complete for a worker that takes multimodal metadata: tokenized, and
+    every batch with hashes, one placeholder range per item and an inline grid (some
+    flattened by an inline sizes tensor), plus pixels and other tensors the leg must drop."""
+    ids = draw(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=40))
+    batch_list = []
+    for _ in range(draw(st.integers(1, 3))):
+        items = draw(st.integers(1, 3))
+        placeholders = []
+        for _ in range(items):
+            offset = draw(st.integers(0, len(ids) - 1))
+            placeholders.append(PlaceholderRange(offset, draw(st.integers(1, len(ids) - offset))))
+        grid_names = draw(
+            st.lists(st.sampled_from(sorted(MROPE_GRID_KEYS)), min_size=1, max_size=2, unique=True)
+        )
+        tensor_list = [
+            TensorDescriptor(name, (items, 3), "int64", PayloadLocation.INLINE, items * 24)
+            for name in grid_names
+        ]
+        flat: dict[str, str] = {}
+        if draw(st.booleans()):
+            tensor_list.append(
+                TensorDescriptor("grid_sizes", (items,), "int64", PayloadLocation.INLINE, 8)
+            )
+            flat[grid_names[0]] = "grid_sizes"
+        if draw(st.booleans()):
+            tensor_list.append(draw(tensors("image_sizes")))
+        batch_list.append(
+            MultimodalBatch(
+                modality=draw(st.sampled_from(list(Modality))),
+                pixel_values=draw(st.none() | tensors("pixel_values")),
+                tensors=tensor_list,
+                placeholders=placeholders,
+                mm_hashes=draw(st.lists(hashes, min_size=items, max_size=items)),
+                im_token_id=draw(st.none() | st.integers(0, 2**32 - 1)),
+                batched_keys=draw(st.lists(st.sampled_from(grid_names), unique=True)),
+                flat_keys=flat,
+                keep_on_cpu_keys=draw(st.lists(st.sampled_from(grid_names), unique=True)),
+            )
+        )
+    return Request(
+        request_id=draw(st.text(max_size=12)),
+        input_ids=ids,
+        batches=batch_list,
+        n=draw(st.sampled_from([0, 1])),
+        kv_transfer_params=draw(st.none() | kv_objects),
+        cache_salt=draw(st.none() | adversarial_text),
+    )

@@ -99,11 +99,12 @@ def test_demo_runs_every_scenario() -> None:
     rows = json.loads(out)
     assert status == 0
     assert [r["scenario"] for r in rows] == [s.name for s in SCENARIOS]
-    assert [r["status"] for r in rows] == [200, 200, 400, 400, 400, 200, 502, 200]
+    assert [r["status"] for r in rows] == [200, 200, 400, 200, 400, 400, 200, 502, 200]
     assert [r.get("form") or r["error"]["code"] for r in rows] == [
         "identity_only",
         "text_plus_hashes",
         "pd_decode_language_model_only_mrope",
+        "mrope_metadata",
         "pd_decode_language_model_only_media_refs",
         "pd_decode_language_model_only_n_samples",
         "text_plus_hashes",

@@ -60,8 +60,9 @@ def test_selection_returns_exactly_the_servable_workers_in_order(
 class CountingWorker:
     """A capability stand-in that counts how often the selection reads it."""
 
-    def __init__(self, language_model_only: bool) -> None:
+    def __init__(self, language_model_only: bool, takes_mm_metadata: bool) -> None:
         self._lm_only = language_model_only
+        self._metadata = takes_mm_metadata
         self.reads = 0
 
     @property
@@ -69,10 +70,17 @@ class CountingWorker:
         self.reads += 1
         return self._lm_only
 
+    @property
+    def takes_mm_metadata(self) -> bool:
+        self.reads += 1
+        return self._metadata
 
-@given(st.lists(st.booleans(), min_size=1, max_size=50), requests())
-def test_selection_is_linear_with_one_decision(flags: list[bool], request: Request) -> None:
-    stand_ins = [CountingWorker(f) for f in flags]
+
+@given(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=50), requests())
+def test_selection_is_linear_with_a_decision_per_kind(
+    flags: list[tuple[bool, bool]], request: Request
+) -> None:
+    stand_ins = [CountingWorker(*f) for f in flags]
     candidates = [DecodeCandidate(w, i) for i, w in enumerate(stand_ins)]  # type: ignore[arg-type]
     real = pd_policy.decision.decide_decode_form
     with (
@@ -80,8 +88,12 @@ def test_selection_is_linear_with_one_decision(flags: list[bool], request: Reque
         contextlib.suppress(PolicyError),
     ):
         select_decode_workers(request, candidates)
-    assert decide.call_count <= 1
-    assert all(w.reads == 1 for w in stand_ins)
+    # One decision per kind of language-model-only worker: with and without metadata.
+    assert decide.call_count <= len({metadata for lm_only, metadata in flags if lm_only})
+    # Each worker is read once: whether it is language-model-only, and if so, its kind.
+    assert all(
+        w.reads == (2 if lm_only else 1) for w, (lm_only, _) in zip(stand_ins, flags, strict=True)
+    )
 
 
 def test_a_capable_worker_is_preferred_over_a_refusal() -> None:

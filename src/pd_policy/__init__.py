@@ -20,6 +20,7 @@ from .capability import (
     MediaProcessorAdvert,
     MmInputProbe,
     advertise_media_processor,
+    derive_accepts_mm_metadata,
     derive_supports_vision,
 )
 from .codec import request_from_json, request_to_json, worker_from_json, worker_to_json
@@ -60,8 +61,9 @@ from .legs import (
     decode_leg,
     ensure_language_model_only_leg,
     identity_only,
+    metadata_only,
 )
-from .mrope import MROPE_GRID_KEYS, grids_kept_on_cpu, has_mrope_grids
+from .mrope import MROPE_GRID_KEYS, grids_kept_on_cpu, has_mrope_grids, mrope_metadata_gap
 from .outcome import Outcome, PrefillResult, plan
 from .prefill import prefill_batch, prefill_leg
 from .request import LegacyKvParams, MediaRef, Request
@@ -78,8 +80,10 @@ from .selection import DecodeCandidate, ensure_model_accepts_media, select_decod
 from .tensor import PayloadLocation, TensorDescriptor
 from .worker import (
     MM_MEDIA_REF_SCHEMES_LABEL,
+    MM_METADATA_LABEL,
     MM_PROCESSOR_LABEL,
     SUPPORTS_VISION_LABEL,
+    Support,
     VisionSupport,
     WorkerCapability,
 )
@@ -92,6 +96,7 @@ __all__ = [
     "ERROR_CATALOG",
     "ERROR_CODE_HEADER",
     "MM_MEDIA_REF_SCHEMES_LABEL",
+    "MM_METADATA_LABEL",
     "MM_PROCESSOR_LABEL",
     "MROPE_GRID_KEYS",
     "NIXL_PREFILL_PARAMS",
@@ -125,6 +130,7 @@ __all__ = [
     "PrefillKv",
     "PrefillResult",
     "Request",
+    "Support",
     "TensorDescriptor",
     "VisionSupport",
     "WorkerCapability",
@@ -139,6 +145,7 @@ __all__ = [
     "decide_decode_form",
     "decode_cache_salt",
     "decode_leg",
+    "derive_accepts_mm_metadata",
     "derive_supports_vision",
     "ensure_kv_handoff",
     "ensure_language_model_only_leg",
@@ -149,7 +156,9 @@ __all__ = [
     "grpc_status_to_http",
     "has_mrope_grids",
     "identity_only",
+    "metadata_only",
     "mint_transfer_id",
+    "mrope_metadata_gap",
     "plan",
     "plan_kv_handoff",
     "prefill_batch",

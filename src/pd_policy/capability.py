@@ -22,6 +22,7 @@ __all__ = [
     "MediaProcessorAdvert",
     "MmInputProbe",
     "advertise_media_processor",
+    "derive_accepts_mm_metadata",
     "derive_supports_vision",
 ]
 
@@ -75,6 +76,11 @@ class EngineFacts:
     ``modality_limits`` maps *every modality the model supports* (not only those
     an operator set explicitly: a modality left out keeps vLLM's default limit)
     to its per-prompt limit; ``None`` when the adapter could not read it.
+    ``is_kv_consumer``: the engine takes KV from a connector (role
+    ``kv_consumer`` or ``kv_both``). ``allow_missing_mm_embeddings``: the
+    engine's multimodal config lets an item arrive without its embeddings
+    (vLLM 0.28 and later set it on KV consumers; false where the field does
+    not exist).
     """
 
     is_multimodal_model: bool = attrs.field(validator=attrs.validators.instance_of(bool))
@@ -87,6 +93,10 @@ class EngineFacts:
     )
     modality_limits: tuple[tuple[str, int], ...] | None = attrs.field(
         default=None, converter=_to_limits
+    )
+    is_kv_consumer: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    allow_missing_mm_embeddings: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool)
     )
 
 
@@ -113,6 +123,27 @@ def derive_supports_vision(facts: EngineFacts) -> bool:
         return False
     limits = facts.modality_limits
     return not (limits is not None and all(limit == 0 for _, limit in limits))
+
+
+def derive_accepts_mm_metadata(facts: EngineFacts) -> bool:
+    """True when the engine takes an item's metadata (an M-RoPE grid, its content hash and
+    placeholder range) without an encoder, once a connector has loaded the prompt's KV.
+
+    All of these must hold: a multimodal architecture; a KV consumer; vLLM lets
+    an item arrive without its embeddings (``allow_missing_mm_embeddings``,
+    which vLLM 0.28+ sets on consumers); it takes embedding-only items at all
+    (``enable_mm_embeds``: automatic for consumers on 0.30-0.32, an explicit
+    flag on 0.28-0.29 and 0.33); and vLLM's own multimodal-input check said
+    yes. Anything unknown (an older vLLM, a failed probe) reads false, which
+    keeps the M-RoPE refusal.
+    """
+    return (
+        facts.is_multimodal_model
+        and facts.is_kv_consumer
+        and facts.allow_missing_mm_embeddings
+        and facts.enable_mm_embeds
+        and facts.mm_input_probe is MmInputProbe.SUPPORTED
+    )
 
 
 @attrs.frozen(slots=True)

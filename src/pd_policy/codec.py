@@ -17,7 +17,7 @@ from .batch import Modality, MultimodalBatch, PlaceholderRange
 from .errors import MalformedRequest
 from .request import LegacyKvParams, MediaRef, Request
 from .tensor import PayloadLocation, TensorDescriptor
-from .worker import VisionSupport, WorkerCapability
+from .worker import Support, WorkerCapability
 
 __all__ = ["request_from_json", "request_to_json", "worker_from_json", "worker_to_json"]
 
@@ -268,25 +268,33 @@ def request_to_json(request: Request) -> dict[str, Any]:
 
 _WORKER_KEYS: tuple[frozenset[str], frozenset[str]] = (
     frozenset(),
-    frozenset({"supports_vision", "mm_processor", "mm_media_ref_schemes"}),
+    frozenset({"supports_vision", "mm_processor", "mm_media_ref_schemes", "accepts_mm_metadata"}),
 )
 
 
 def worker_from_json(value: object) -> WorkerCapability:
-    """Decode a worker capability: ``supports_vision`` is ``true``, ``false`` or ``null``."""
+    """Decode a worker capability: ``supports_vision`` and ``accepts_mm_metadata`` are
+    ``true``, ``false`` or ``null`` (absent: ``null``)."""
     obj = _obj(value, "", *_WORKER_KEYS)
     vision = _opt(obj, "supports_vision", "", lambda v, p: _expect(v, bool, p))
+    metadata = _opt(obj, "accepts_mm_metadata", "", lambda v, p: _expect(v, bool, p))
     processor = _str(obj.get("mm_processor", ""), "mm_processor")
     schemes = _list(obj.get("mm_media_ref_schemes", []), "mm_media_ref_schemes", _str)
     return _build(
-        "", lambda: WorkerCapability(VisionSupport.from_bool(vision), processor, tuple(schemes))
+        "",
+        lambda: WorkerCapability(
+            Support.from_bool(vision), processor, tuple(schemes), Support.from_bool(metadata)
+        ),
     )
 
 
 def worker_to_json(worker: WorkerCapability) -> dict[str, Any]:
     """Encode a worker capability; the inverse of :func:`worker_from_json`."""
-    return {
+    out = {
         "supports_vision": worker.supports_vision.to_bool(),
         "mm_processor": worker.mm_processor,
         "mm_media_ref_schemes": list(worker.mm_media_ref_schemes),
     }
+    if worker.accepts_mm_metadata is not Support.UNKNOWN:
+        out["accepts_mm_metadata"] = worker.accepts_mm_metadata.to_bool()
+    return out

@@ -9,7 +9,7 @@ from .errors import (
     MropeOnLanguageModelOnlyDecode,
     NSamplesOnLanguageModelOnlyDecode,
 )
-from .mrope import has_mrope_grids
+from .mrope import has_mrope_grids, mrope_metadata_gap
 from .request import Request
 from .worker import WorkerCapability
 
@@ -25,6 +25,9 @@ class DecodeForm(enum.Enum):
     IDENTITY_ONLY = "identity_only"
     #: Expanded ids, KV parameters and per-item hashes only: for a language-model-only decode.
     TEXT_PLUS_HASHES = "text_plus_hashes"
+    #: Expanded ids, KV parameters, and per batch the hashes, placeholders and inline M-RoPE
+    #: grids, no pixels: for a language-model-only decode that takes multimodal metadata.
+    MROPE_METADATA = "mrope_metadata"
 
 
 def decide_decode_form(
@@ -34,18 +37,33 @@ def decide_decode_form(
     has_mrope_grids: bool,
     has_media_refs: bool,
     has_mm_inputs: bool,
+    takes_mm_metadata: bool = False,
+    metadata_gap: MropeOnLanguageModelOnlyDecode | None = None,
 ) -> DecodeForm:
     """The decision of :func:`sequential_pd_decode_form`, over the facts it reads.
 
     Adapters that read the facts straight off a wire message call this, so that
     the decision has one implementation. ``n`` of 0 means one sample.
-    Raises the same carve-out errors, in the same order.
+    ``takes_mm_metadata``: the worker is language-model-only and says it takes
+    multimodal metadata (:attr:`~pd_policy.WorkerCapability.takes_mm_metadata`);
+    ``metadata_gap``: what :func:`~pd_policy.mrope.mrope_metadata_gap` found
+    missing for such a worker (``None``: nothing). Raises the same carve-out
+    errors, in the same order.
     """
     relay_kv = n <= 1
     if not language_model_only:
         return DecodeForm.IDENTITY_ONLY if relay_kv else DecodeForm.FULL
     if has_mrope_grids:
-        raise MropeOnLanguageModelOnlyDecode()
+        if not takes_mm_metadata:
+            raise MropeOnLanguageModelOnlyDecode()
+        if has_media_refs:
+            raise MediaRefsOnLanguageModelOnlyDecode()
+        if not relay_kv:
+            # Without a handoff, decode would have to encode the image itself.
+            raise NSamplesOnLanguageModelOnlyDecode()
+        if metadata_gap is not None:
+            raise metadata_gap
+        return DecodeForm.MROPE_METADATA
     if has_media_refs:
         raise MediaRefsOnLanguageModelOnlyDecode()
     if not relay_kv and has_mm_inputs:
@@ -61,17 +79,26 @@ def sequential_pd_decode_form(request: Request, decode_worker: WorkerCapability)
     A language-model-only worker gets ``TEXT_PLUS_HASHES`` (text requests too,
     n>1 included) unless a carve-out applies, checked in this order:
 
-    1. M-RoPE grid tensors: :class:`~pd_policy.errors.MropeOnLanguageModelOnlyDecode`;
+    1. M-RoPE grid tensors: :class:`~pd_policy.errors.MropeOnLanguageModelOnlyDecode`,
+       unless the worker takes multimodal metadata
+       (:attr:`~pd_policy.WorkerCapability.takes_mm_metadata`). Such a worker
+       gets ``MROPE_METADATA`` for n<=1 when every batch carries what it needs
+       (:func:`~pd_policy.mrope.mrope_metadata_gap`), and otherwise the media
+       references, n>1 or M-RoPE refusal that says what is missing;
     2. media references: :class:`~pd_policy.errors.MediaRefsOnLanguageModelOnlyDecode`;
     3. n>1 with multimodal batches:
        :class:`~pd_policy.errors.NSamplesOnLanguageModelOnlyDecode`.
 
-    All three are non-retryable 400s.
+    All of them are non-retryable 400s.
     """
+    grids = has_mrope_grids(request)
+    metadata = decode_worker.takes_mm_metadata
     return decide_decode_form(
         language_model_only=decode_worker.language_model_only,
         n=request.n,
-        has_mrope_grids=has_mrope_grids(request),
+        has_mrope_grids=grids,
         has_media_refs=bool(request.media_refs),
         has_mm_inputs=request.has_mm_inputs,
+        takes_mm_metadata=metadata,
+        metadata_gap=mrope_metadata_gap(request) if metadata and grids else None,
     )

@@ -37,10 +37,12 @@ def relay_kv(
 def ensure_kv_handoff(original: Request, form: DecodeForm, leg: Request) -> None:
     """The post-prefill check: refuse a stripped multimodal leg that has no KV handoff.
 
-    Fires only when the form is ``TEXT_PLUS_HASHES``, the original request has
-    multimodal batches, and the leg (after :func:`relay_kv`) carries neither KV
-    parameter form. Decode would otherwise recompute the prompt as text and
-    answer image-blind. A text request keeps the local-recompute fallback.
+    Fires when the leg (after :func:`relay_kv`) carries neither KV parameter
+    form and either the form is ``TEXT_PLUS_HASHES`` and the original request
+    has multimodal batches (decode would recompute the prompt as text and
+    answer image-blind), or the form is ``MROPE_METADATA`` (decode would have
+    to encode the image, with no encoder). A text request keeps the
+    local-recompute fallback.
 
     Raises :class:`~pd_policy.errors.MissingKvTransferParams` (502, non-retryable).
     """
@@ -59,5 +61,7 @@ def check_kv_handoff(
     Adapters that read the facts off a wire message call this, so the rule has
     one implementation. Raises :class:`~pd_policy.errors.MissingKvTransferParams`.
     """
-    if form is DecodeForm.TEXT_PLUS_HASHES and has_mm_inputs and not has_kv_transfer_params:
+    if has_kv_transfer_params:
+        return
+    if (form is DecodeForm.TEXT_PLUS_HASHES and has_mm_inputs) or form is DecodeForm.MROPE_METADATA:
         raise MissingKvTransferParams()

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from .batch import MultimodalBatch
 from .decision import DecodeForm, decide_decode_form, sequential_pd_decode_form
-from .errors import MultimodalNotSupported
-from .mrope import MROPE_GRID_KEYS, grids_kept_on_cpu, has_mrope_grids
+from .errors import MissingKvTransferParams, MultimodalNotSupported
+from .mrope import MROPE_GRID_KEYS, grids_kept_on_cpu, has_mrope_grids, mrope_metadata_gap
 from .request import Request
 from .worker import WorkerCapability
 
@@ -20,6 +20,7 @@ __all__ = [
     "ensure_language_model_only_leg",
     "hash_identity",
     "identity_only",
+    "metadata_only",
     "mm_identity",
 ]
 
@@ -97,12 +98,34 @@ def identity_only(request: Request) -> Request:
     return request._derive_trusted(batches=kept)
 
 
+def metadata_only(request: Request) -> Request:
+    """The M-RoPE metadata decode leg, for a language-model-only worker that takes it.
+
+    Each batch becomes :func:`mm_identity` of itself: its hashes, placeholders,
+    image token id and inline M-RoPE grids (with their sizes tensors), every
+    grid listed in ``keep_on_cpu_keys``; no pixels and no other tensor. Media
+    references are dropped. The ids, the KV parameters and the caller's salt
+    are kept (the worker's vLLM keys its prefix-cache blocks by the hashes).
+
+    Raises :class:`~pd_policy.errors.MropeOnLanguageModelOnlyDecode` when the
+    request lacks what such a worker needs (:func:`~pd_policy.mrope.mrope_metadata_gap`),
+    so no incomplete leg is ever built.
+    """
+    gap = mrope_metadata_gap(request)
+    if gap is not None:
+        raise gap
+    kept = tuple(i for i in map(mm_identity, request.batches) if i is not None)
+    return request._derive_trusted(batches=kept, media_refs=())
+
+
 def decode_leg(request: Request, form: DecodeForm) -> Request:
     """The decode leg of ``request`` in ``form`` (``FULL`` is the request itself)."""
     if form is DecodeForm.TEXT_PLUS_HASHES:
         return clone_without_mm(request)
     if form is DecodeForm.IDENTITY_ONLY:
         return identity_only(request)
+    if form is DecodeForm.MROPE_METADATA:
+        return metadata_only(request)
     return request
 
 
@@ -117,7 +140,9 @@ def build_decode_leg(
     return form, decode_leg(request, form)
 
 
-def ensure_language_model_only_leg(leg: Request, *, uses_mrope: bool = False) -> None:
+def ensure_language_model_only_leg(
+    leg: Request, *, uses_mrope: bool = False, takes_mm_metadata: bool = False
+) -> None:
     """Refuse a leg that a language-model-only engine cannot serve, before the engine sees it.
 
     The worker-side guard: a leg for such an engine must be a plain token prompt
@@ -132,15 +157,31 @@ def ensure_language_model_only_leg(leg: Request, *, uses_mrope: bool = False) ->
     so only the worker can tell: a leg that still names media is then refused
     with :class:`~pd_policy.errors.MropeOnLanguageModelOnlyDecode`, since decode
     would rotate the image's tokens, and every token after them, as text.
+
+    ``takes_mm_metadata``: the engine takes multimodal metadata without an
+    encoder (a KV consumer with ``allow_missing_mm_embeddings``). It then also
+    serves an M-RoPE metadata leg (:func:`metadata_only`): one complete for
+    it (:func:`~pd_policy.mrope.mrope_metadata_gap`), with no pixels and no
+    tensor but its grids and their sizes, and with the prefill's KV parameters.
+    A metadata leg without them is refused with
+    :class:`~pd_policy.errors.MissingKvTransferParams`: vLLM would try to
+    encode the image, and with no encoder its engine dies (in-process, the next
+    request hangs).
     """
+    grids = has_mrope_grids(leg)
+    metadata = takes_mm_metadata and grids
     decide_decode_form(
         language_model_only=True,
         n=leg.n,
-        has_mrope_grids=has_mrope_grids(leg) or (uses_mrope and leg.has_mm_inputs),
+        has_mrope_grids=grids or (uses_mrope and leg.has_mm_inputs),
         has_media_refs=bool(leg.media_refs),
         has_mm_inputs=leg.has_mm_inputs,
+        takes_mm_metadata=metadata,
+        metadata_gap=mrope_metadata_gap(leg) if metadata else None,
     )
     for i, batch in enumerate(leg.batches):
+        if metadata and batch.pixel_values is None and batch == mm_identity(batch):
+            continue
         if batch.carries_payload or batch.placeholders:
             raise MultimodalNotSupported(
                 "this worker runs as a language model only, without a vision encoder, and the "
@@ -148,3 +189,8 @@ def ensure_language_model_only_leg(leg: Request, *, uses_mrope: bool = False) ->
                 "stripped decode leg (input_ids, kv_transfer_params and content hashes)",
                 param=f"batches[{i}]",
             )
+    if metadata and not leg.has_kv_transfer_params:
+        raise MissingKvTransferParams(
+            "this M-RoPE metadata leg carries no kv_transfer_params: without the prefill's KV "
+            "the engine would have to encode the image, and it has no vision encoder"
+        )

@@ -16,7 +16,7 @@ from .batch import Modality, MultimodalBatch, PlaceholderRange
 from .outcome import PrefillResult
 from .request import MediaRef, Request
 from .tensor import PayloadLocation, TensorDescriptor
-from .worker import VisionSupport, WorkerCapability
+from .worker import Support, WorkerCapability
 
 __all__ = [
     "IMAGE_TOKEN_ID",
@@ -83,11 +83,27 @@ def image_request(
     return Request(request_id, input_ids=ids, batches=(batch,), n=n, cache_salt=cache_salt)
 
 
-def mrope_request(*, n: int = 1, request_id: str = "req-1") -> Request:
-    """A Qwen2-VL-style image request: the batch carries an ``image_grid_thw`` grid."""
+def mrope_request(
+    *,
+    n: int = 1,
+    request_id: str = "req-1",
+    grid_location: PayloadLocation = PayloadLocation.INLINE,
+    hashes: bool = True,
+) -> Request:
+    """A Qwen2-VL-style image request: the batch carries an ``image_grid_thw`` grid.
+
+    ``grid_location`` is where the grid's payload lives; ``hashes=False`` leaves
+    the batch without content hashes.
+    """
     base = image_request(n=n, request_id=request_id)
-    grid = TensorDescriptor("image_grid_thw", (1, 3), "int64", PayloadLocation.INLINE, 24)
-    batch = attrs.evolve(base.batches[0], tensors=(grid,), keep_on_cpu_keys=("image_grid_thw",))
+    nbytes = 0 if grid_location is PayloadLocation.NONE else 24
+    grid = TensorDescriptor("image_grid_thw", (1, 3), "int64", grid_location, nbytes)
+    batch = attrs.evolve(
+        base.batches[0],
+        tensors=(grid,),
+        keep_on_cpu_keys=("image_grid_thw",),
+        mm_hashes=base.batches[0].mm_hashes if hashes else (),
+    )
     return base.derive(batches=(batch,))
 
 
@@ -113,8 +129,9 @@ class Scenario:
     prefill: PrefillResult
 
 
-_FULL_VISION: Final = WorkerCapability(VisionSupport.TRUE)
-_LM_ONLY: Final = WorkerCapability(VisionSupport.FALSE)
+_FULL_VISION: Final = WorkerCapability(Support.TRUE)
+_LM_ONLY: Final = WorkerCapability(Support.FALSE)
+_LM_ONLY_METADATA: Final = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE)
 _HANDOFF: Final = PrefillResult.returned(_NIXL_PARAMS)
 
 #: The scenarios ``pd-policy demo`` tabulates, in order.
@@ -122,6 +139,12 @@ SCENARIOS: Final[tuple[Scenario, ...]] = (
     Scenario("image on a full-vision decode worker", image_request(), _FULL_VISION, _HANDOFF),
     Scenario("grid-less image, language-model-only decode", image_request(), _LM_ONLY, _HANDOFF),
     Scenario("M-RoPE grids, language-model-only decode", mrope_request(), _LM_ONLY, _HANDOFF),
+    Scenario(
+        "M-RoPE grids, LM-only decode that takes metadata",
+        mrope_request(),
+        _LM_ONLY_METADATA,
+        _HANDOFF,
+    ),
     Scenario(
         "media references, language-model-only decode", media_ref_request(), _LM_ONLY, _HANDOFF
     ),

@@ -16,9 +16,9 @@ import attrs
 
 from .decision import decide_decode_form
 from .errors import MultimodalNotSupported, NoDecodeWorkerAvailable, PolicyError
-from .mrope import has_mrope_grids
+from .mrope import has_mrope_grids, mrope_metadata_gap
 from .request import Request
-from .worker import VisionSupport, WorkerCapability
+from .worker import Support, WorkerCapability
 
 __all__ = ["DecodeCandidate", "ensure_model_accepts_media", "select_decode_workers"]
 
@@ -43,41 +43,55 @@ def select_decode_workers(
 
     A candidate can serve it exactly when :func:`pd_policy.sequential_pd_decode_form`
     would not raise for it. The decision depends on the worker only through
-    whether it is language-model-only, so it is made at most once; each
-    candidate costs one read of its capability.
+    whether it is language-model-only and whether it takes multimodal metadata,
+    so it is made at most once for each of the two kinds of language-model-only
+    worker; each candidate costs one read of its capability.
 
     Raises, when no candidate can serve the request, the carve-out error that
-    explains why (every candidate is language-model-only), before any
+    explains why (for the first candidate in the caller's order), before any
     preprocessing; :class:`~pd_policy.errors.NoDecodeWorkerAvailable` (503)
     when there are no candidates at all.
     """
     if not candidates:
         raise NoDecodeWorkerAvailable()
-    refusal: PolicyError | None = None
-    decided = False
+    refusals: dict[bool, PolicyError | None] = {}
+    first_refusal: PolicyError | None = None
     chosen: list[DecodeCandidate[T]] = []
     for candidate in candidates:
-        if not candidate.worker.language_model_only:
+        worker = candidate.worker
+        if not worker.language_model_only:
             chosen.append(candidate)
             continue
-        if not decided:
-            decided = True
-            try:
-                decide_decode_form(
-                    language_model_only=True,
-                    n=request.n,
-                    has_mrope_grids=has_mrope_grids(request),
-                    has_media_refs=bool(request.media_refs),
-                    has_mm_inputs=request.has_mm_inputs,
-                )
-            except PolicyError as exc:
-                refusal = exc
+        metadata = worker.takes_mm_metadata
+        if metadata not in refusals:
+            refusals[metadata] = _refusal(request, takes_mm_metadata=metadata)
+        refusal = refusals[metadata]
         if refusal is None:
             chosen.append(candidate)
+        elif first_refusal is None:
+            first_refusal = refusal
     if not chosen:
-        assert refusal is not None  # every candidate was language-model-only and refused
-        raise refusal
+        assert first_refusal is not None  # every candidate was language-model-only and refused
+        raise first_refusal
     return chosen
+
+
+def _refusal(request: Request, *, takes_mm_metadata: bool) -> PolicyError | None:
+    grids = has_mrope_grids(request)
+    metadata = takes_mm_metadata and grids
+    try:
+        decide_decode_form(
+            language_model_only=True,
+            n=request.n,
+            has_mrope_grids=grids,
+            has_media_refs=bool(request.media_refs),
+            has_mm_inputs=request.has_mm_inputs,
+            takes_mm_metadata=takes_mm_metadata,
+            metadata_gap=mrope_metadata_gap(request) if metadata else None,
+        )
+    except PolicyError as exc:
+        return exc
+    return None
 
 
 def ensure_model_accepts_media(
@@ -97,7 +111,7 @@ def ensure_model_accepts_media(
     saw_any = False
     for worker in pool:
         saw_any = True
-        if worker.supports_vision is not VisionSupport.FALSE:
+        if worker.supports_vision is not Support.FALSE:
             return
     if saw_any:
         named = f" by model {model!r}" if model else ""

@@ -16,14 +16,19 @@ from .decision import DecodeForm, sequential_pd_decode_form
 from .errors import ERROR_CATALOG, PolicyError
 from .request import Request
 from .scenarios import image_request, media_ref_request, mrope_request, text_request
-from .worker import VisionSupport, WorkerCapability
+from .tensor import PayloadLocation
+from .worker import Support, WorkerCapability
 
 __all__ = ["TABLES", "decision_table", "error_table", "splice"]
 
 _WORKERS: Final = (
-    ("vision-capable (`true`)", WorkerCapability(VisionSupport.TRUE)),
-    ("unknown (no label)", WorkerCapability(VisionSupport.UNKNOWN)),
-    ("language-model-only (`false`)", WorkerCapability(VisionSupport.FALSE)),
+    ("vision-capable (`true`)", WorkerCapability(Support.TRUE)),
+    ("unknown (no label)", WorkerCapability(Support.UNKNOWN)),
+    ("language-model-only (`false`)", WorkerCapability(Support.FALSE)),
+    (
+        "language-model-only, takes metadata",
+        WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE),
+    ),
 )
 
 _REQUESTS: Final[tuple[tuple[str, Request], ...]] = (
@@ -33,6 +38,8 @@ _REQUESTS: Final[tuple[tuple[str, Request], ...]] = (
     ("grid-less image, n>1", image_request(n=2)),
     ("M-RoPE grids, n=1", mrope_request()),
     ("M-RoPE grids, n>1", mrope_request(n=2)),
+    ("M-RoPE grid in shared memory, n=1", mrope_request(grid_location=PayloadLocation.SHM)),
+    ("M-RoPE image without hashes, n=1", mrope_request(hashes=False)),
     ("media references, n=1", media_ref_request()),
     ("media references, n>1", media_ref_request(n=2)),
 )
@@ -61,7 +68,8 @@ def decision_table() -> str:
             rule,
             *rows,
             "",
-            f'Forms: {legend}. "+ KV": the prefill\'s KV parameters are relayed.',
+            f'Forms: {legend}. "+ KV": the prefill\'s KV parameters are relayed. "Takes '
+            'metadata": `supports_vision` false and `accepts_mm_metadata` true.',
         ]
     )
 

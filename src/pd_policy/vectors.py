@@ -14,7 +14,7 @@ Operations:
 * ``select_decode_workers``: the indices of the candidates that can serve;
 * ``ensure_model_accepts_media``: pass, or the error;
 * ``worker_guard``: ``ensure_language_model_only_leg`` on a leg (``uses_mrope``
-  optional);
+  and ``takes_mm_metadata`` optional);
 * ``fold_salt``: the salt for identities and a caller's salt, in both formats;
 * ``connector_mode``: a vLLM connector name's handoff contract, or the error;
 * ``kv_handoff``: the handoff plan for a prefill worker and ``n`` (a fixed
@@ -33,7 +33,7 @@ from .batch import Modality, MultimodalBatch, PlaceholderRange
 from .codec import request_from_json, request_to_json, worker_from_json, worker_to_json
 from .connectors import KvConnectorMode, PrefillKv, connector_mode, plan_kv_handoff
 from .errors import PolicyError
-from .legs import ensure_language_model_only_leg
+from .legs import ensure_language_model_only_leg, metadata_only
 from .outcome import PrefillResult, plan
 from .prefill import prefill_leg
 from .request import LegacyKvParams, MediaRef, Request
@@ -47,7 +47,7 @@ from .scenarios import (
 )
 from .selection import DecodeCandidate, ensure_model_accepts_media, select_decode_workers
 from .tensor import PayloadLocation, TensorDescriptor
-from .worker import VisionSupport, WorkerCapability
+from .worker import Support, WorkerCapability
 
 __all__ = [
     "FORMAT",
@@ -63,12 +63,13 @@ __all__ = [
 #: Name of the document format.
 FORMAT: Final = "pd-policy-conformance-vectors"
 #: Version of the document format; a change of meaning bumps it.
-VECTORS_VERSION: Final = 1
+VECTORS_VERSION: Final = 2
 
 _WORKERS: Final = {
-    "vision": WorkerCapability(VisionSupport.TRUE),
-    "unknown": WorkerCapability(VisionSupport.UNKNOWN),
-    "lm_only": WorkerCapability(VisionSupport.FALSE),
+    "vision": WorkerCapability(Support.TRUE),
+    "unknown": WorkerCapability(Support.UNKNOWN),
+    "lm_only": WorkerCapability(Support.FALSE),
+    "lm_only_metadata": WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE),
 }
 _NIXL: Final = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": "xfer-1"}
 
@@ -122,7 +123,9 @@ def _media_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
 def _guard_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
     try:
         ensure_language_model_only_leg(
-            request_from_json(case["request"]), uses_mrope=case.get("uses_mrope", False)
+            request_from_json(case["request"]),
+            uses_mrope=case.get("uses_mrope", False),
+            takes_mm_metadata=case.get("takes_mm_metadata", False),
         )
     except PolicyError as exc:
         return _error(exc)
@@ -215,6 +218,11 @@ def _cases() -> list[dict[str, Any]]:
         "image_n2": ("a grid-less image with n=2", image_request(n=2)),
         "mrope_n1": ("an image with an M-RoPE grid", mrope_request()),
         "mrope_n2": ("an M-RoPE image with n=2", mrope_request(n=2)),
+        "mrope_shm_grid_n1": (
+            "an M-RoPE image whose grid is in shared memory",
+            mrope_request(grid_location=PayloadLocation.SHM),
+        ),
+        "mrope_no_hashes_n1": ("an M-RoPE image without hashes", mrope_request(hashes=False)),
         "refs_n1": ("media references", media_ref_request()),
         "refs_n2": ("media references with n=2", media_ref_request(n=2)),
     }
@@ -470,6 +478,47 @@ def _cases() -> list[dict[str, Any]]:
             add(f"kv_handoff/{name}/n{n}", "the KV handoff plan and the prefill leg",
                 "kv_handoff", prefill_kv=spec, n=n, transfer_id="xfer-0001",
                 request=_req(grid_request.derive(n=n)))  # fmt: skip
+    metadata = worker_to_json(_WORKERS["lm_only_metadata"])
+    add("handoff/mrope/returned/lm_only_metadata", "the metadata leg relays the handoff",
+        request=_req(mrope_request()), decode_worker=metadata,
+        prefill={"kv_transfer_params": _NIXL})  # fmt: skip
+    add("handoff/mrope/nothing/lm_only_metadata", "a metadata leg without a handoff is a 502",
+        request=_req(mrope_request()), decode_worker=metadata, prefill={})  # fmt: skip
+    add("handoff/mrope/legacy/lm_only_metadata", "the legacy pair counts for a metadata leg",
+        request=_req(mrope_request()), decode_worker=metadata,
+        prefill={"kv_transfer_params_legacy": {"remote_host": "p", "remote_port": 1}})  # fmt: skip
+    base = mrope_request()
+    gaps = {
+        "text_input": base.derive(
+            input_ids=None, text="hi", batches=(attrs.evolve(base.batches[0], placeholders=()),)
+        ),
+        "no_placeholders": base.derive(
+            batches=(attrs.evolve(base.batches[0], placeholders=()),)
+        ),
+        "remote_grid": mrope_request(grid_location=PayloadLocation.REMOTE),
+        "payloadless_grid": mrope_request(grid_location=PayloadLocation.NONE),
+        "grid_in_one_batch_only": base.derive(
+            batches=(base.batches[0], MultimodalBatch(mm_hashes=("h-2",)))
+        ),
+        "shm_sizes": base.derive(batches=(attrs.evolve(
+            base.batches[0],
+            tensors=(*base.batches[0].tensors,
+                     TensorDescriptor("image_grid_sizes", (1,), "int64", PayloadLocation.SHM, 8)),
+            flat_keys={"image_grid_thw": "image_grid_sizes"},
+        ),)),
+    }  # fmt: skip
+    for name, request in gaps.items():
+        add(f"metadata/{name}/lm_only_metadata", "what a metadata leg needs, or the 400",
+            request=_req(request), decode_worker=metadata,
+            prefill={"kv_transfer_params": _NIXL})  # fmt: skip
+    metadata_leg = _req(metadata_only(mrope_request().derive(kv_transfer_params=_NIXL)))
+    without_kv = dict(metadata_leg)
+    del without_kv["kv_transfer_params"]
+    for name, leg_json in (("metadata_leg", metadata_leg), ("metadata_leg_no_kv", without_kv)):
+        for takes in (True, False):
+            add(f"worker_guard/{name}/{'takes' if takes else 'no'}_metadata",
+                "the guard on a worker that does or does not take metadata", "worker_guard",
+                request=leg_json, uses_mrope=True, takes_mm_metadata=takes)  # fmt: skip
     add(
         "refs/credentials/lm_only",
         "a media reference with credentials in its URL",

@@ -12,8 +12,10 @@ from .errors import MalformedRequest
 
 __all__ = [
     "MM_MEDIA_REF_SCHEMES_LABEL",
+    "MM_METADATA_LABEL",
     "MM_PROCESSOR_LABEL",
     "SUPPORTS_VISION_LABEL",
+    "Support",
     "VisionSupport",
     "WorkerCapability",
 ]
@@ -24,14 +26,19 @@ SUPPORTS_VISION_LABEL: Final = "supports_vision"
 MM_PROCESSOR_LABEL: Final = "mm_processor"
 #: Worker label that carries ``GetServerInfoResponse.mm_media_ref_schemes`` (comma-separated).
 MM_MEDIA_REF_SCHEMES_LABEL: Final = "mm_media_ref_schemes"
+#: Worker label that says a language-model-only worker takes multimodal metadata without an
+#: encoder (``true`` / ``false``); see :attr:`WorkerCapability.accepts_mm_metadata`.
+MM_METADATA_LABEL: Final = "accepts_mm_metadata"
 
 
-class VisionSupport(enum.Enum):
-    """Whether a worker has a live multimodal encoder.
+class Support(enum.Enum):
+    """Whether a worker can do something, as far as it says: tri-state on purpose.
 
-    Tri-state on purpose: only a worker that *says* false is language-model-only.
-    An old servicer that never reports it stays ``UNKNOWN`` and keeps today's
-    behaviour (it is treated as vision-capable).
+    ``supports_vision``: only a worker that *says* false is language-model-only;
+    an old servicer that never reports it stays ``UNKNOWN`` and keeps today's
+    behaviour (it is treated as vision-capable). ``accepts_mm_metadata``: only
+    a worker that says true gets multimodal metadata without an encoder;
+    ``UNKNOWN`` keeps today's refusal.
     """
 
     TRUE = "true"
@@ -39,7 +46,7 @@ class VisionSupport(enum.Enum):
     UNKNOWN = "unknown"
 
     @classmethod
-    def from_bool(cls, value: bool | None) -> VisionSupport:
+    def from_bool(cls, value: bool | None) -> Support:
         """``True``/``False`` map to ``TRUE``/``FALSE``; ``None`` to ``UNKNOWN``."""
         if value is None:
             return cls.UNKNOWN
@@ -47,11 +54,14 @@ class VisionSupport(enum.Enum):
 
     def to_bool(self) -> bool | None:
         """The inverse of :meth:`from_bool`."""
-        return None if self is VisionSupport.UNKNOWN else self is VisionSupport.TRUE
+        return None if self is Support.UNKNOWN else self is Support.TRUE
 
+
+#: The name ``supports_vision`` was typed with first; the same enum.
+VisionSupport = Support
 
 #: Only these exact label values say anything; any other leaves support unknown.
-_LABEL_VALUES: Final = {"true": VisionSupport.TRUE, "false": VisionSupport.FALSE}
+_LABEL_VALUES: Final = {"true": Support.TRUE, "false": Support.FALSE}
 
 
 def _check_processor(_inst: object, _attr: attrs.Attribute[str], value: str) -> None:
@@ -76,21 +86,34 @@ def _to_schemes(value: object) -> tuple[str, ...]:
 class WorkerCapability:
     """A worker's advertised capability.
 
-    ``supports_vision`` is tri-state (see :class:`VisionSupport`).
+    ``supports_vision`` is tri-state (see :class:`Support`).
     ``mm_processor`` is non-empty exactly when the worker processes media
     references itself; ``mm_media_ref_schemes`` are the URL schemes it accepts.
+    ``accepts_mm_metadata``: a language-model-only worker that is a KV consumer
+    on a vLLM whose config turns on ``allow_missing_mm_embeddings`` takes an
+    item's metadata (an M-RoPE grid, its content hash and placeholder range)
+    without an encoder, once the connector has loaded the prompt's KV; tri-state,
+    and only ``TRUE`` counts.
     """
 
-    supports_vision: VisionSupport = attrs.field(
-        default=VisionSupport.UNKNOWN, validator=attrs.validators.instance_of(VisionSupport)
+    supports_vision: Support = attrs.field(
+        default=Support.UNKNOWN, validator=attrs.validators.instance_of(Support)
     )
     mm_processor: str = attrs.field(default="", validator=_check_processor)
     mm_media_ref_schemes: tuple[str, ...] = attrs.field(default=(), converter=_to_schemes)
+    accepts_mm_metadata: Support = attrs.field(
+        default=Support.UNKNOWN, validator=attrs.validators.instance_of(Support)
+    )
 
     @property
     def language_model_only(self) -> bool:
         """True only when the worker explicitly reports no vision support."""
-        return self.supports_vision is VisionSupport.FALSE
+        return self.supports_vision is Support.FALSE
+
+    @property
+    def takes_mm_metadata(self) -> bool:
+        """A language-model-only worker that says it takes multimodal metadata."""
+        return self.supports_vision is Support.FALSE and self.accepts_mm_metadata is Support.TRUE
 
     @property
     def accepts_media_refs(self) -> bool:
@@ -104,14 +127,17 @@ class WorkerCapability:
         Only the exact value ``"false"`` of :data:`SUPPORTS_VISION_LABEL` makes a
         worker language-model-only, as in the SMG gateway; ``"true"`` makes it
         vision-capable and anything else (or no label) leaves it unknown.
+        :data:`MM_METADATA_LABEL` reads the same way.
         Raises :class:`~pd_policy.errors.MalformedRequest` for an unknown processor.
         """
-        support = _LABEL_VALUES.get(labels.get(SUPPORTS_VISION_LABEL, ""), VisionSupport.UNKNOWN)
+        support = _LABEL_VALUES.get(labels.get(SUPPORTS_VISION_LABEL, ""), Support.UNKNOWN)
+        metadata = _LABEL_VALUES.get(labels.get(MM_METADATA_LABEL, ""), Support.UNKNOWN)
         schemes = labels.get(MM_MEDIA_REF_SCHEMES_LABEL, "")
         return cls(
             supports_vision=support,
             mm_processor=labels.get(MM_PROCESSOR_LABEL, ""),
             mm_media_ref_schemes=tuple(s.strip() for s in schemes.split(",") if s.strip()),
+            accepts_mm_metadata=metadata,
         )
 
     def to_labels(self) -> dict[str, str]:
@@ -120,6 +146,8 @@ class WorkerCapability:
             MM_PROCESSOR_LABEL: self.mm_processor,
             MM_MEDIA_REF_SCHEMES_LABEL: ",".join(self.mm_media_ref_schemes),
         }
-        if self.supports_vision is not VisionSupport.UNKNOWN:
+        if self.supports_vision is not Support.UNKNOWN:
             labels[SUPPORTS_VISION_LABEL] = self.supports_vision.value
+        if self.accepts_mm_metadata is not Support.UNKNOWN:
+            labels[MM_METADATA_LABEL] = self.accepts_mm_metadata.value
         return labels

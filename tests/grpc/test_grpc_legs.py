@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given
+from hypothesis import given, reject
 from hypothesis import strategies as st
-from proto_strategies import protos
+from proto_strategies import protos, to_proto
 
 import pd_policy
 import pd_policy_grpc
 from pd_policy import DecodeForm, MalformedRequest, PolicyError, VisionSupport, WorkerCapability
 from pd_policy_grpc import request_view
 from pd_policy_grpc.wire import pb
-from strategies import workers
+from strategies import metadata_requests, workers
 
 Builder = Callable[[pb.GenerateRequest], pb.GenerateRequest]
 
@@ -93,3 +93,30 @@ def test_view_reads_wire_normalisations() -> None:
     assert request_view(proto).batches[0].modality is pd_policy.Modality.IMAGE
     with pytest.raises(MalformedRequest):
         request_view(pb.GenerateRequest(request_id="no-input"))
+
+
+@given(metadata_requests(), st.sampled_from(list(VisionSupport)))
+def test_the_metadata_leg_on_the_wire_is_the_cores(
+    request: pd_policy.Request, metadata: VisionSupport
+) -> None:
+    try:
+        proto = to_proto(request)
+    except UnicodeEncodeError:
+        reject()  # the core takes lone surrogates; proto strings must be UTF-8
+    worker = WorkerCapability(VisionSupport.FALSE, accepts_mm_metadata=metadata)
+    before = serialized(proto)
+    try:
+        expected = pd_policy.build_decode_leg(request_view(proto), worker)
+    except PolicyError as exc:
+        assert metadata is not VisionSupport.TRUE  # a complete request is served
+        with pytest.raises(type(exc)):
+            pd_policy_grpc.build_decode_leg(proto, worker)
+        return
+    form, leg = pd_policy_grpc.build_decode_leg(proto, worker)
+    assert form is DecodeForm.MROPE_METADATA
+    assert serialized(proto) == before
+    assert (form, request_view(leg)) == expected
+    assert request_view(pd_policy_grpc.metadata_only(proto)) == expected[1]
+    assert not leg.HasField("media_refs")
+    for batch in [leg.mm_inputs, *leg.extra_mm_inputs]:
+        assert not batch.HasField("pixel_values")
