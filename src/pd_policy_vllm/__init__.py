@@ -16,20 +16,22 @@ Importing this package does not import vLLM; the functions do, when they need it
 
 from __future__ import annotations
 
-from .engine import DecodeEngine
+from .engine import DecodeEngine, generate_one
 from .facts import engine_facts
 from .limits import modality_limits, supported_modalities
 from .model_config import model_config_of
 from .probe import probe_mm_inputs
 from .prompt import KV_TRANSFER_PARAMS_KEY, DecodeInputs, decode_inputs, kv_transfer_params
-from .vision import media_processor_advert, supports_vision
+from .vision import accepts_mm_metadata, media_processor_advert, supports_vision
 
 __all__ = [
     "KV_TRANSFER_PARAMS_KEY",
     "DecodeEngine",
     "DecodeInputs",
+    "accepts_mm_metadata",
     "decode_inputs",
     "engine_facts",
+    "generate_one",
     "kv_transfer_params",
     "media_processor_advert",
     "modality_limits",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pd_policy import EngineFacts
 
 from .limits import modality_limits
-from .model_config import is_multimodal_model, model_config_of, multimodal_config
+from .model_config import is_kv_consumer, is_multimodal_model, model_config_of, multimodal_config
 from .probe import probe_mm_inputs
 
 __all__ = ["engine_facts"]
@@ -29,7 +29,11 @@ def engine_facts(source: object) -> EngineFacts:
       ``MultiModalConfig`` (false for a text-only architecture, and on versions
       that lack the field);
     - ``modality_limits``: every supported modality's effective limit, or
-      ``None`` when unreadable (:func:`~pd_policy_vllm.limits.modality_limits`).
+      ``None`` when unreadable (:func:`~pd_policy_vllm.limits.modality_limits`);
+    - ``is_kv_consumer``: the ``VllmConfig``'s KV role (false from a bare
+      ``ModelConfig``, which does not know it);
+    - ``allow_missing_mm_embeddings``: from the ``MultiModalConfig``, as vLLM
+      0.28+ resolves it (false on versions without the field).
 
     Raises ``TypeError`` when ``source`` is none of the four; a failing probe is
     recorded in the facts, never raised.
@@ -42,4 +46,6 @@ def engine_facts(source: object) -> EngineFacts:
         enable_mm_embeds=bool(getattr(mm_config, "enable_mm_embeds", False)),
         language_model_only=bool(getattr(mm_config, "language_model_only", False)),
         modality_limits=modality_limits(model_config),
+        is_kv_consumer=is_kv_consumer(source),
+        allow_missing_mm_embeddings=bool(getattr(mm_config, "allow_missing_mm_embeddings", False)),
     )

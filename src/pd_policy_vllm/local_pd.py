@@ -8,19 +8,24 @@ and of ``examples/live_pd.py``; it is not a server.
 
 :meth:`LocalPd.generate` works in the order a router does:
 
-0. describe the request as the router would see it after preprocessing: the
+0. describe the request as the router sees it after router-side media
+   processing (:mod:`pd_policy_vllm.preprocess`): the expanded ids, the
    images' content hashes (passed to vLLM as ``multi_modal_uuids``, so the
-   engines' identities are the router's), an M-RoPE grid when the model uses
-   M-RoPE, ``n`` and the caller's salt; then ask the policy for the decode form.
-   A carve-out is refused here, before either engine sees the request;
+   engines' identities are the router's), their placeholder ranges, the
+   M-RoPE grid when the model has one, ``n`` and the caller's salt; then ask
+   the policy for the decode form. A carve-out is refused here, before either
+   engine sees the request;
 1. prefill on the vision engine with ``max_tokens=1``, the handoff requested
-   (``do_remote_decode``) when it applies (n<=1);
-2. read the parameters the prefill returned and its expanded prompt;
-3. build the decode leg from the expanded request, relay the parameters, and
-   run the post-prefill check (the 502 for a stripped image leg without them);
+   (``do_remote_decode``) when it applies (n<=1), and check that it expanded
+   the prompt to the router's ids;
+2. read the parameters the prefill returned (and, for text, its prompt ids);
+3. build the decode leg, relay the parameters, and run the post-prefill check
+   (the 502 for an image leg without them);
 4. decode. A text-plus-hashes leg goes to the engine as a token prompt with the
-   folded ``cache_salt``; the other forms (a vision-capable decode engine) get
-   the original multimodal prompt and the relayed parameters.
+   folded ``cache_salt``; an M-RoPE metadata leg as the expanded ids with each
+   image's grid, hash and placeholder and no pixels; the other forms (a
+   vision-capable decode engine) get the original multimodal prompt and the
+   relayed parameters.
 
 A decode engine whose connector reports what it loaded (as
 ``TransferConnector`` does) is checked too: a stripped image leg that loaded
@@ -29,7 +34,6 @@ nothing is the same 502, never an image-blind answer.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -39,12 +43,8 @@ import attrs
 from pd_policy import (
     DecodeForm,
     MissingKvTransferParams,
-    Modality,
-    MultimodalBatch,
-    PayloadLocation,
     Request,
-    TensorDescriptor,
-    VisionSupport,
+    Support,
     WorkerCapability,
     decode_leg,
     ensure_kv_handoff,
@@ -52,22 +52,17 @@ from pd_policy import (
     sequential_pd_decode_form,
 )
 
+from .engine import generate_one
 from .model_config import model_config_of
+from .preprocess import Preprocessed, image_content_hash, image_token_id, preprocess
 from .prompt import KV_TRANSFER_PARAMS_KEY, decode_inputs
-from .vision import supports_vision
+from .vision import accepts_mm_metadata, supports_vision
 
 if TYPE_CHECKING:
     from PIL.Image import Image
     from vllm import LLM, RequestOutput, SamplingParams
 
 __all__ = ["LocalPd", "PdResult", "image_content_hash"]
-
-
-def image_content_hash(image: Image) -> str:
-    """A content hash of an image: its mode, size and pixels (what the router hashes)."""
-    digest = hashlib.sha256(f"{image.mode}:{image.width}x{image.height}:".encode())
-    digest.update(image.tobytes())
-    return digest.hexdigest()
 
 
 @attrs.frozen(slots=True)
@@ -88,13 +83,16 @@ class PdResult:
     decode_kv_report: dict[str, Any] | None
     #: The ``cache_salt`` the decode prompt carried.
     cache_salt: str | None
+    #: Each generated token's log-probability, when the sampling parameters asked.
+    logprobs: tuple[float, ...] | None = None
 
 
 class LocalPd:
     """Serve requests through an in-process prefill ``LLM`` and decode ``LLM``.
 
     ``decode_worker`` defaults to the decode engine's honest capability
-    (:func:`pd_policy_vllm.supports_vision`). ``fold_salt=False`` sends the
+    (:func:`pd_policy_vllm.supports_vision` and
+    :func:`pd_policy_vllm.accepts_mm_metadata`). ``fold_salt=False`` sends the
     decode leg without its media identities, as gateways did before the fold:
     it exists to show the prefix-cache hazard, never use it otherwise.
     """
@@ -109,13 +107,25 @@ class LocalPd:
     ) -> None:
         self.prefill = prefill
         self.decode = decode
+        # The decode engine's own answer: its guard runs whatever the router believes.
+        self._decode_takes_metadata = accepts_mm_metadata(decode)
         if decode_worker is None:
-            decode_worker = WorkerCapability(VisionSupport.from_bool(supports_vision(decode)))
+            decode_worker = WorkerCapability(
+                Support.from_bool(supports_vision(decode)),
+                accepts_mm_metadata=Support.from_bool(self._decode_takes_metadata),
+            )
         self.decode_worker = decode_worker
         self.fold_salt = fold_salt
-        prefill_config = model_config_of(prefill)
-        self._uses_mrope = bool(getattr(prefill_config, "uses_mrope", False))
+        prefill_config: Any = model_config_of(prefill)
+        self._model = str(prefill_config.model)
+        self._image_token = image_token_id(getattr(prefill_config, "hf_config", None))
         self._decode_uses_mrope = bool(getattr(model_config_of(decode), "uses_mrope", False))
+
+    def preprocess(self, prompt: str, images: Sequence[Image]) -> Preprocessed:
+        """Router-side processing of ``prompt`` and ``images`` with the model's processor."""
+        if self._image_token is None:
+            raise ValueError(f"{self._model} has no image placeholder: it takes no images")
+        return preprocess(self._model, self._image_token, prompt, images)
 
     def describe(
         self,
@@ -127,33 +137,25 @@ class LocalPd:
         request_id: str | None = None,
     ) -> Request:
         """The request as a router sees it after preprocessing, before prefill."""
-        batches: tuple[MultimodalBatch, ...] = ()
-        if images:
-            # Descriptors only: the policy decides, the engine gets the images.
-            side = max(max(i.width, i.height) for i in images)
-            pixels = TensorDescriptor(
-                "pixel_values", (len(images), 3, side, side), "float32", PayloadLocation.INLINE
-            )
-            grids = (
-                (TensorDescriptor("image_grid_thw", (len(images), 3), "int64"),)
-                if self._uses_mrope
-                else ()
-            )
-            batches = (
-                MultimodalBatch(
-                    modality=Modality.IMAGE,
-                    pixel_values=pixels,
-                    tensors=grids,
-                    mm_hashes=tuple(image_content_hash(i) for i in images),
-                ),
-            )
-        return Request(
-            request_id or uuid.uuid4().hex,
-            text=prompt,
-            batches=batches,
-            n=n,
+        return self._routed(prompt, images, n, cache_salt, request_id)[0]
+
+    def _routed(
+        self,
+        prompt: str,
+        images: Sequence[Image],
+        n: int,
+        cache_salt: str | None,
+        request_id: str | None,
+    ) -> tuple[Request, Preprocessed | None]:
+        request_id = request_id or uuid.uuid4().hex
+        if not images:
+            return Request(request_id, text=prompt, n=n, cache_salt=cache_salt), None
+        routed = self.preprocess(prompt, images)
+        request = Request(
+            request_id, input_ids=routed.input_ids, batches=(routed.batch,), n=n,
             cache_salt=cache_salt,
-        )
+        )  # fmt: skip
+        return request, routed
 
     def generate(
         self,
@@ -172,9 +174,7 @@ class LocalPd:
         from vllm import SamplingParams
 
         sampling = sampling_params or SamplingParams(max_tokens=16, temperature=0.0)
-        request = self.describe(
-            prompt, images, n=sampling.n, cache_salt=cache_salt, request_id=request_id
-        )
+        request, routed = self._routed(prompt, images, sampling.n, cache_salt, request_id)
         form = sequential_pd_decode_form(request, self.decode_worker)
 
         engine_prompt: dict[str, Any] = {"prompt": prompt}
@@ -191,22 +191,28 @@ class LocalPd:
             [engine_prompt], prefill_sampling, use_tqdm=False
         )[0]
         returned = prefilled.kv_transfer_params
+        engine_ids = tuple(prefilled.prompt_token_ids or ())
+        if request.input_ids is None:
+            request = request.derive(input_ids=engine_ids, text=None)
+        elif request.input_ids != engine_ids:
+            raise RuntimeError("the prefill engine expanded the prompt unlike the router")
 
-        expanded = request.derive(input_ids=tuple(prefilled.prompt_token_ids or ()), text=None)
-        # The form depends on n, grids, refs and batches, which expansion does not change.
-        leg = decode_leg(expanded, form)
-        leg = relay_kv(leg, _handoff_only(returned))
-        ensure_kv_handoff(expanded, form, leg)
+        leg = relay_kv(decode_leg(request, form), _handoff_only(returned))
+        ensure_kv_handoff(request, form, leg)
 
-        if form is DecodeForm.TEXT_PLUS_HASHES:
-            stripped = leg if self.fold_salt else leg.derive(batches=())
+        salt = None
+        if form in (DecodeForm.TEXT_PLUS_HASHES, DecodeForm.MROPE_METADATA):
+            unsalted = not self.fold_salt and form is DecodeForm.TEXT_PLUS_HASHES
+            stripped = leg.derive(batches=()) if unsalted else leg
             inputs = decode_inputs(
                 stripped,
                 sampling,
                 language_model_only=self.decode_worker.language_model_only,
                 uses_mrope=self._decode_uses_mrope,
+                takes_mm_metadata=self._decode_takes_metadata,
+                grids=[routed.grid_values] if routed is not None else None,
             )
-            decoded = self.decode.generate([inputs.prompt], inputs.sampling_params, use_tqdm=False)
+            output = generate_one(self.decode, inputs, request.request_id)
             salt = inputs.prompt.get("cache_salt")
         else:
             # A vision-capable decode engine recomputes the media itself.
@@ -215,13 +221,11 @@ class LocalPd:
                 extra = dict(decode_sampling.extra_args or {})
                 extra[KV_TRANSFER_PARAMS_KEY] = leg.kv_transfer_params_dict()
                 decode_sampling.extra_args = extra
-            decoded = self.decode.generate([engine_prompt], decode_sampling, use_tqdm=False)
-            salt = None
-        output = decoded[0]
+            output = self.decode.generate([engine_prompt], decode_sampling, use_tqdm=False)[0]
         report = output.kv_transfer_params
         if (
             form is DecodeForm.TEXT_PLUS_HASHES
-            and expanded.has_mm_inputs
+            and request.has_mm_inputs
             and report is not None
             and "loaded_tokens" in report
             and not report["loaded_tokens"]
@@ -231,15 +235,27 @@ class LocalPd:
                 "the decode engine loaded none of the prefill's KV for this multimodal "
                 "request, and a language-model-only decode cannot recompute it"
             )
+        completion = output.outputs[0]
         return PdResult(
             form=form,
             leg=leg,
-            token_ids=tuple(output.outputs[0].token_ids),
-            cumulative_logprob=output.outputs[0].cumulative_logprob,
+            token_ids=tuple(completion.token_ids),
+            cumulative_logprob=completion.cumulative_logprob,
             prefill_kv_params=returned,
             decode_kv_report=report,
             cache_salt=salt,
+            logprobs=_sampled_logprobs(completion),
         )
+
+
+def _sampled_logprobs(completion: Any) -> tuple[float, ...] | None:
+    # vLLM gives, per generated token, a dict of candidate token -> Logprob.
+    if completion.logprobs is None:
+        return None
+    return tuple(
+        float(step[token].logprob)
+        for token, step in zip(completion.token_ids, completion.logprobs, strict=True)
+    )
 
 
 def _handoff_only(params: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ works the same on every vLLM version that keeps these attribute names.
 
 from __future__ import annotations
 
-__all__ = ["is_multimodal_model", "model_config_of", "multimodal_config"]
+__all__ = ["is_kv_consumer", "is_multimodal_model", "model_config_of", "multimodal_config"]
 
 
 def model_config_of(source: object) -> object:
@@ -50,3 +50,19 @@ def is_multimodal_model(model_config: object) -> bool:
     if answer is None:
         return multimodal_config(model_config) is not None
     return bool(answer)
+
+
+def is_kv_consumer(source: object) -> bool:
+    """Whether the engine behind ``source`` takes KV from a connector.
+
+    vLLM's ``KVTransferConfig.is_kv_consumer``: a connector is set and the role
+    is ``kv_consumer`` or ``kv_both``. It lives on the ``VllmConfig``, so a bare
+    ``ModelConfig`` (which does not know the engine's role) answers false.
+    """
+    node = source
+    for hop in ("llm_engine", "vllm_config"):
+        inner = getattr(node, hop, None)
+        if inner is not None:
+            node = inner
+    kv_config = getattr(node, "kv_transfer_config", None)
+    return bool(getattr(kv_config, "is_kv_consumer", False))

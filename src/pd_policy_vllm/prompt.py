@@ -20,7 +20,10 @@ from pd_policy import (
     Request,
     decode_cache_salt,
     ensure_language_model_only_leg,
+    has_mrope_grids,
 )
+
+from .metadata_input import GridValues, metadata_engine_input
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -36,13 +39,21 @@ KV_TRANSFER_PARAMS_KEY = "kv_transfer_params"
 class DecodeInputs:
     """What to pass to ``LLM.generate`` (or ``AsyncLLM.generate``) for one decode leg.
 
-    ``prompt`` is a ``TokensPrompt`` (or, for a text leg, a ``TextPrompt``) and
+    ``prompt`` is a ``TokensPrompt`` (or, for a text leg, a ``TextPrompt``; for
+    an M-RoPE metadata leg, vLLM's pre-rendered multimodal input) and
     ``sampling_params`` a copy of the caller's. Both are vLLM's own mutable
     types: the value is frozen, its contents are the engine's to consume.
     """
 
-    prompt: TokensPrompt | TextPrompt
+    prompt: TokensPrompt | TextPrompt | dict[str, Any]
     sampling_params: SamplingParams
+
+    @property
+    def prerendered(self) -> bool:
+        """A pre-rendered input: submit it with ``llm_engine.add_request``, never with
+        ``LLM.generate``, which drops its multimodal part without a word and answers with
+        text positions (:func:`pd_policy_vllm.generate_one` does it right)."""
+        return self.prompt.get("type") == "multimodal"
 
 
 def kv_transfer_params(leg: Request) -> dict[str, Any] | None:
@@ -102,6 +113,8 @@ def decode_inputs(
     *,
     language_model_only: bool,
     uses_mrope: bool = False,
+    takes_mm_metadata: bool = False,
+    grids: GridValues | None = None,
 ) -> DecodeInputs:
     """Build the engine input for a decode leg.
 
@@ -115,7 +128,16 @@ def decode_inputs(
     grids: the engine would rotate the image's tokens as text, and every
     generated token after them, without an error.
 
-    Then, on any engine:
+    With ``takes_mm_metadata`` (the engine is a KV consumer that allows missing
+    embeddings, :func:`pd_policy_vllm.accepts_mm_metadata`), an M-RoPE
+    metadata leg (:func:`pd_policy.metadata_only`) passes the guard when it is
+    complete and carries the prefill's KV parameters, and becomes vLLM's
+    pre-rendered multimodal input of its expanded ids, hashes, placeholders and
+    grids (:func:`~pd_policy_vllm.metadata_input.metadata_engine_input`), whose
+    values ``grids`` gives per batch; without them,
+    :class:`pd_policy.MalformedRequest` (``param="grids"``).
+
+    Then, for any other leg, on any engine:
 
     - the prompt is a ``TokensPrompt`` of the leg's ``input_ids`` with
       ``cache_salt`` = :func:`pd_policy.decode_cache_salt` (the caller's salt,
@@ -135,8 +157,9 @@ def decode_inputs(
       else :class:`pd_policy.MalformedRequest` with ``param="n"``.
     """
     if language_model_only:
-        ensure_language_model_only_leg(leg, uses_mrope=uses_mrope)
-    _ensure_token_prompt_leg(leg)
+        ensure_language_model_only_leg(
+            leg, uses_mrope=uses_mrope, takes_mm_metadata=takes_mm_metadata
+        )
     requested_n = getattr(sampling_params, "n", 1)
     if requested_n != leg.n:
         raise MalformedRequest(
@@ -144,6 +167,12 @@ def decode_inputs(
             f"for n={leg.n}",
             param="n",
         )
+    params = _copy_sampling_params(sampling_params, kv_transfer_params(leg))
+    if takes_mm_metadata and has_mrope_grids(leg):
+        if grids is None:
+            raise MalformedRequest("a metadata leg needs its grids' values", param="grids")
+        return DecodeInputs(metadata_engine_input(leg, grids), params)
+    _ensure_token_prompt_leg(leg)
 
     from vllm.inputs import TextPrompt, TokensPrompt
 
@@ -156,4 +185,4 @@ def decode_inputs(
     salt = decode_cache_salt(leg)
     if salt is not None:
         prompt["cache_salt"] = salt
-    return DecodeInputs(prompt, _copy_sampling_params(sampling_params, kv_transfer_params(leg)))
+    return DecodeInputs(prompt, params)

@@ -6,11 +6,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from pd_policy import MediaProcessorAdvert, advertise_media_processor, derive_supports_vision
+from pd_policy import (
+    MediaProcessorAdvert,
+    advertise_media_processor,
+    derive_accepts_mm_metadata,
+    derive_supports_vision,
+)
 
 from .facts import engine_facts
 
-__all__ = ["media_processor_advert", "supports_vision"]
+__all__ = ["accepts_mm_metadata", "media_processor_advert", "supports_vision"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +33,29 @@ def supports_vision(source: object) -> bool:
     except Exception:
         logger.warning(
             "could not tell whether %s encodes media; reporting supports_vision=false",
+            type(source).__name__,
+            exc_info=True,
+        )
+        return False
+
+
+def accepts_mm_metadata(source: object) -> bool:
+    """Whether the engine behind ``source`` takes multimodal metadata without an encoder;
+    never raises.
+
+    The core's :func:`pd_policy.derive_accepts_mm_metadata` over
+    :func:`~pd_policy_vllm.engine_facts`: a KV consumer whose config turns on
+    ``allow_missing_mm_embeddings`` and ``enable_mm_embeds`` (vLLM 0.30-0.32 do
+    both for every consumer, ``--language-model-only`` included). Read it from
+    an engine or a ``VllmConfig``: a bare ``ModelConfig`` does not know the KV
+    role, and answers false. Any failure logs a warning and answers false,
+    which keeps the M-RoPE refusal.
+    """
+    try:
+        return derive_accepts_mm_metadata(engine_facts(source))
+    except Exception:
+        logger.warning(
+            "could not tell whether %s takes multimodal metadata; reporting false",
             type(source).__name__,
             exc_info=True,
         )

@@ -12,10 +12,10 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
-from live_engines import BLOCK_SIZE, start_engine
+from live_engines import BLOCK_SIZE, connector, start_engine
 from tiny_models import BUILDERS, TinyModel
 
 # Nothing above imports vLLM (the helpers import it when called), so these are set before
@@ -58,16 +58,72 @@ def _engine(model: TinyModel, **overrides: Any) -> Iterator[Any]:
     llm.llm_engine.engine_core.shutdown()
 
 
+# A vLLM 0.32 trap, measured: in one process, a full-vision Qwen2-VL engine created after a
+# language-model-only one of the same model fails on its first image ("Tensor on device meta
+# is not on the expected device cpu": the vision tower meets a module built on the meta device
+# for the tower-less engine). Every language-model-only Qwen2-VL fixture therefore depends on
+# the full-vision ones, so they are always created first.
+
+
 @pytest.fixture(scope="session")
 def qwen2vl_engine(qwen2vl: TinyModel) -> Iterator[Any]:
     """Qwen2-VL with its vision encoder (default limits)."""
     yield from _engine(qwen2vl)
 
 
+QWEN_LIMITS: Final = {"image": 1, "video": 0}
+
+
 @pytest.fixture(scope="session")
-def qwen2vl_lm_only_engine(qwen2vl: TinyModel) -> Iterator[Any]:
+def qwen_transfers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Qwen2-VL P/D engines' transfer directory."""
+    return tmp_path_factory.mktemp("qwen-transfers")
+
+
+@pytest.fixture(scope="session")
+def qwen_baseline(qwen2vl: TinyModel, qwen_transfers: Path) -> Iterator[Any]:
+    """One full-vision Qwen2-VL engine, no P/D: the answer to match (block size 32)."""
+    yield from _engine(
+        qwen2vl,
+        block_size=BLOCK_SIZE,
+        limit_mm_per_prompt=QWEN_LIMITS,
+        kv_transfer_config=connector("kv_producer", qwen_transfers),
+    )
+
+
+@pytest.fixture(scope="session")
+def qwen_prefill(qwen2vl: TinyModel, qwen_transfers: Path) -> Iterator[Any]:
+    """The full-vision Qwen2-VL prefill engine, a KV producer (block size 32)."""
+    yield from _engine(
+        qwen2vl,
+        block_size=BLOCK_SIZE,
+        limit_mm_per_prompt=QWEN_LIMITS,
+        kv_transfer_config=connector("kv_producer", qwen_transfers),
+    )
+
+
+@pytest.fixture(scope="session")
+def qwen_vision_engines(qwen2vl_engine: Any, qwen_baseline: Any, qwen_prefill: Any) -> None:
+    """Every full-vision Qwen2-VL engine, created (see the trap above)."""
+
+
+@pytest.fixture(scope="session")
+def qwen2vl_lm_only_engine(qwen2vl: TinyModel, qwen_vision_engines: None) -> Iterator[Any]:
     """Qwen2-VL with ``language_model_only=True``: no vision tower, encoder budget 0."""
     yield from _engine(qwen2vl, language_model_only=True, block_size=BLOCK_SIZE)
+
+
+@pytest.fixture(scope="session")
+def qwen_decode(
+    qwen2vl: TinyModel, qwen_transfers: Path, qwen_vision_engines: None
+) -> Iterator[Any]:
+    """``language_model_only`` and a KV consumer: no vision tower, takes metadata."""
+    yield from _engine(
+        qwen2vl,
+        block_size=BLOCK_SIZE,
+        language_model_only=True,
+        kv_transfer_config=connector("kv_consumer", qwen_transfers),
+    )
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,14 @@ from typing import Any, Final
 
 from tiny_models import TinyModel
 
-__all__ = ["BLOCK_SIZE", "ENGINE_SETTINGS", "TRANSFER_DIR", "engine_config", "start_engine"]
+__all__ = [
+    "BLOCK_SIZE",
+    "ENGINE_SETTINGS",
+    "TRANSFER_DIR",
+    "connector",
+    "engine_config",
+    "start_engine",
+]
 
 #: Settings of every test engine and config: small, deterministic, fp32 (bf16 falls back to
 #: slow kernels on AVX2-only CPUs and gives less stable tokens).
@@ -56,3 +63,10 @@ def start_engine(model: TinyModel, **overrides: Any) -> Any:
 
     overrides.setdefault("kv_transfer_config", kv_transfer_config("kv_producer", TRANSFER_DIR))
     return LLM(model=str(model.path), **ENGINE_SETTINGS, **overrides)
+
+
+def connector(role: str, transfer_dir: Path) -> dict[str, Any]:
+    """The ``kv_transfer_config`` of a ``TransferConnector`` in ``role`` over ``transfer_dir``."""
+    from pd_policy_vllm.transfer_connector import kv_transfer_config
+
+    return kv_transfer_config(role, transfer_dir)

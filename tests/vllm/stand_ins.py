@@ -26,11 +26,13 @@ import pytest
 __all__ = [
     "DEFAULT_LIMIT",
     "AsyncLLMStandIn",
+    "KVTransferConfigStandIn",
     "LLMEngineStandIn",
     "LLMStandIn",
     "ModelConfigV030",
     "ModelConfigV031",
     "MultiModalConfigStandIn",
+    "MultiModalConfigV027",
     "ProcessingInfoStandIn",
     "RegistryPre019",
     "RegistryV030",
@@ -45,7 +47,9 @@ DEFAULT_LIMIT = 999
 
 
 @attrs.define
-class MultiModalConfigStandIn:
+class MultiModalConfigV027:
+    """A ``MultiModalConfig`` of vLLM 0.27 or earlier: no ``allow_missing_mm_embeddings``."""
+
     language_model_only: bool = False
     enable_mm_embeds: bool = False
     limits: Mapping[str, int] = attrs.field(factory=dict)
@@ -57,10 +61,30 @@ class MultiModalConfigStandIn:
 
 
 @attrs.define
+class MultiModalConfigStandIn(MultiModalConfigV027):
+    """A ``MultiModalConfig`` of vLLM 0.28 or later, as its ``VllmConfig`` resolved it."""
+
+    allow_missing_mm_embeddings: bool = False
+
+
+@attrs.frozen
+class KVTransferConfigStandIn:
+    """vLLM's ``KVTransferConfig``: a consumer is a ``kv_consumer`` or ``kv_both`` with a
+    connector set."""
+
+    kv_role: str
+    kv_connector: str | None = "TransferConnector"
+
+    @property
+    def is_kv_consumer(self) -> bool:
+        return self.kv_connector is not None and self.kv_role in {"kv_consumer", "kv_both"}
+
+
+@attrs.define
 class ModelConfigV030:
     """A ``ModelConfig`` of vLLM 0.30 or earlier: no ``supports_multimodal_inputs``."""
 
-    multimodal_config: MultiModalConfigStandIn | None
+    multimodal_config: MultiModalConfigV027 | None
     supported: tuple[str, ...] = ("image", "video")
 
     @property
@@ -142,6 +166,7 @@ class RegistryPre019:
 @attrs.frozen
 class VllmConfigStandIn:
     model_config: object
+    kv_transfer_config: KVTransferConfigStandIn | None = None
 
 
 @attrs.frozen
@@ -159,9 +184,11 @@ class LLMStandIn:
     llm_engine: LLMEngineStandIn
 
 
-def wrap(model_config: object, shape: str) -> object:
+def wrap(
+    model_config: object, shape: str, kv_transfer_config: KVTransferConfigStandIn | None = None
+) -> object:
     """``model_config`` as the object a caller of the given shape holds."""
-    vllm_config = VllmConfigStandIn(model_config)
+    vllm_config = VllmConfigStandIn(model_config, kv_transfer_config)
     shapes: dict[str, object] = {
         "ModelConfig": model_config,
         "VllmConfig": vllm_config,

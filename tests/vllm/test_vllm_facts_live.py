@@ -15,7 +15,7 @@ from live_engines import engine_config
 from tiny_models import TinyModel
 
 from pd_policy import EngineFacts, MmInputProbe
-from pd_policy_vllm import DecodeEngine, engine_facts, supports_vision
+from pd_policy_vllm import DecodeEngine, accepts_mm_metadata, engine_facts, supports_vision
 
 _ALLOWED = 999
 
@@ -100,7 +100,8 @@ def test_probe_on_real_configs(name: str, tiny_models: dict[str, TinyModel]) -> 
 
 def test_language_model_only_kv_consumer_is_not_vision(qwen2vl: TinyModel, kv_store: Path) -> None:
     """vLLM 0.30-0.32 switch ``enable_mm_embeds`` on for a KV consumer while building the
-    ``VllmConfig``, so vLLM's own check says true: only the carve-out answers false."""
+    ``VllmConfig``, so vLLM's own check says true: only the carve-out answers false. The
+    same consumer takes multimodal metadata (``allow_missing_mm_embeddings``)."""
     config = engine_config(
         qwen2vl, language_model_only=True, kv_transfer_config=_kv_consumer(kv_store)
     )
@@ -112,8 +113,13 @@ def test_language_model_only_kv_consumer_is_not_vision(qwen2vl: TinyModel, kv_st
         enable_mm_embeds=True,
         language_model_only=True,
         modality_limits={"image": 0, "video": 0},
+        is_kv_consumer=True,
+        allow_missing_mm_embeddings=True,
     )
     assert supports_vision(config) is False
+    assert accepts_mm_metadata(config) is True
+    # A bare ModelConfig does not know the engine's KV role: it answers false.
+    assert accepts_mm_metadata(config.model_config) is False
 
 
 @pytest.mark.parametrize(
