@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 IMAGES, IDS = 8, 4096
 LM_ONLY = WorkerCapability(VisionSupport.FALSE)
+TAKES_METADATA = WorkerCapability(VisionSupport.FALSE, accepts_mm_metadata=VisionSupport.TRUE)
 KV = '{"do_remote_prefill":true,"do_remote_decode":false,"transfer_id":"xfer-0123456789abcdef"}'
 
 TARGETS = {
@@ -56,6 +57,11 @@ TARGETS = {
     "leg_over_floor": ("build_decode_leg ÷ floor (both serialized), at 64 MiB", "<=", 2.0),
     "decision_us": ("decision median (µs), two image batches, LM-only worker", "<=", 5.0),
     "memory_64_over_0": ("memory added at 64 MiB ÷ at 0 MiB", "<=", 1.5),
+    "metadata_flat_in_pixels": (
+        "M-RoPE metadata leg at 64 MiB ÷ at 0 MiB (LM-only worker that takes metadata)",
+        "<=",
+        1.2,
+    ),
 }
 
 
@@ -139,6 +145,17 @@ def wire_request(pixel_bytes: int, *, one_byte_ids: bool = False) -> pb.Generate
         batch.mm_placeholders.add(offset=i * per, length=per)
         batch.mm_hashes.append(f"{i:064x}")
     msg.kv_transfer_params_json = KV
+    return msg
+
+
+def wire_mrope_request(pixel_bytes: int) -> pb.GenerateRequest:
+    """The bench's request as a Qwen2-VL router sends it: an inline ``image_grid_thw`` too."""
+    msg = wire_request(pixel_bytes)
+    grid = msg.mm_inputs.model_specific_tensors["image_grid_thw"]
+    grid.shape.extend([IMAGES, 3])
+    grid.dtype = "int64"
+    grid.inline = bytes(IMAGES * 3 * 8)
+    msg.mm_inputs.keep_on_cpu_keys.append("image_grid_thw")
     return msg
 
 
@@ -242,6 +259,11 @@ def run(quick: bool) -> dict[str, Any]:
         )
         bench(f"grpc/naive/{mib}MiB", partial(naive_leg, msg))
         bench(f"grpc/floor/{mib}MiB", partial(floor_leg, msg))
+        metadata = wire_mrope_request(mib * MIB)
+        bench(
+            f"grpc/build_decode_leg(metadata)/{mib}MiB",
+            partial(pd_policy_grpc.build_decode_leg, metadata, TAKES_METADATA),
+        )
     memory = {f"{mib}MiB": memory_added(wire_request(mib * MIB)) for mib in (0, 64)}
     big = wire_request(64 * MIB)
     paired = {
@@ -268,6 +290,8 @@ def run(quick: bool) -> dict[str, Any]:
         "leg_over_floor": paired["leg_over_floor"],
         "decision_us": cases["decision/two_image_batches/lm_only"] * 1e6,
         "memory_64_over_0": mem("64MiB") / mem("0MiB"),
+        "metadata_flat_in_pixels": cases["grpc/build_decode_leg(metadata)/64MiB"]
+        / cases["grpc/build_decode_leg(metadata)/0MiB"],
     }
     informative = {
         "prechecked_leg_over_floor": paired["prechecked_leg_over_floor"],

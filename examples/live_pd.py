@@ -1,10 +1,12 @@
-"""Live P/D on this CPU: one vision prefill engine, one language-model-only decode engine.
+"""Live P/D on this CPU: vision prefill engines, language-model-only decode engines.
 
 ``make demo-live`` runs it. It builds the tests' tiny local models (no model hub),
 starts the engines in this process, and serves images A, B, A through the policy
 (``pd_policy_vllm.LocalPd``) and the transfer connector, next to a single full engine
-that answers the same requests. Then it shows the hazard that the salt fold exists
-for, and the refusals. It prints one table.
+that answers the same requests: for the grid-less LLaVA (the decode leg carries ids
+and hashes), and for the M-RoPE Qwen2-VL (the decode leg carries each image's grid,
+hash and placeholder, and no pixels). Then it shows the hazard that the salt fold
+exists for, and the refusals. It prints one table.
 
 Run: ``python examples/live_pd.py`` (in the venv that ``make test`` builds).
 """
@@ -52,8 +54,13 @@ def main() -> int:
     prefill = engine(llava, "kv_producer", limit_mm_per_prompt={"image": 1})
     silent = engine(llava, "kv_producer", limit_mm_per_prompt={"image": 1}, return_params=False)
     decode = engine(llava, "kv_consumer", language_model_only=True)
-    qwen_prefill = engine(qwen, "kv_producer")
+    # Full-vision Qwen2-VL engines first: in one process, one made after a
+    # language-model-only engine of the same model fails on its first image.
+    qwen_limits = {"image": 1, "video": 0}
+    qwen_baseline = engine(qwen, "kv_producer", limit_mm_per_prompt=qwen_limits)
+    qwen_prefill = engine(qwen, "kv_producer", limit_mm_per_prompt=qwen_limits)
     qwen_decode = engine(qwen, "kv_consumer", language_model_only=True)
+    qwen_no_kv = engine(qwen, "kv_producer", language_model_only=True)
 
     def picture(seed: int) -> Any:
         rng = np.random.default_rng(seed)
@@ -64,7 +71,7 @@ def main() -> int:
     prompt = "USER: <image>\n" + " ".join(["describe the red dog on the mat"] * 8) + "\nASSISTANT:"
 
     rows = [["request", "decode output", "one full engine", "match", "decode cache hit",
-             "KV loaded", "cache_salt"]]  # fmt: skip
+             "KV loaded", "decode leg"]]  # fmt: skip
     for label, fold in (("", True), ("no fold: ", False)):
         pd = LocalPd(prefill, decode, fold_salt=fold)
         variant = prompt.replace("describe", "show" if fold else "tell")
@@ -78,8 +85,28 @@ def main() -> int:
                 f"{label}image {name}", str(list(result.token_ids)), str(expected),
                 "yes" if list(result.token_ids) == expected else "NO",
                 str(report.get("local_cached_tokens", "-")), str(report.get("loaded_tokens", "-")),
-                (result.cache_salt or "none")[:14],
+                f"ids, hashes; salt {(result.cache_salt or 'none')[:8]}",
             ])  # fmt: skip
+
+    words = " ".join(("red dog blue cat on the mat " * 10).split()[:66])
+    qwen_prompt = (
+        f"<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|> {words}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    qwen_images = {name: image.resize((112, 112)) for name, image in images.items()}
+    pd = LocalPd(qwen_prefill, qwen_decode)
+    for name in ("A", "B", "A"):
+        result = pd.generate(qwen_prompt, [qwen_images[name]], greedy)
+        request = {"prompt": qwen_prompt, "multi_modal_data": {"image": [qwen_images[name]]}}
+        out = qwen_baseline.generate([request], greedy, use_tqdm=False)[0].outputs[0]
+        expected = list(out.token_ids)
+        report = result.decode_kv_report or {}
+        rows.append([
+            f"Qwen2-VL image {name}", str(list(result.token_ids)), str(expected),
+            "yes" if list(result.token_ids) == expected else "NO",
+            str(report.get("local_cached_tokens", "-")), str(report.get("loaded_tokens", "-")),
+            "ids, grid, hash; no pixels",
+        ])  # fmt: skip
 
     def refusal(label: str, run: Any) -> None:
         try:
@@ -89,9 +116,8 @@ def main() -> int:
         else:
             rows.append([label, "served", "-", "-", "-", "-", "-"])
 
-    qwen_prompt = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>hi<|im_end|>\n"
-    refusal("Qwen2-VL (M-RoPE) image", lambda: LocalPd(qwen_prefill, qwen_decode).generate(
-        qwen_prompt, [picture(3).resize((56, 56))], greedy))  # fmt: skip
+    refusal("Qwen2-VL image, LM-only decode takes no KV", lambda: LocalPd(
+        qwen_prefill, qwen_no_kv).generate(qwen_prompt, [qwen_images["A"]], greedy))  # fmt: skip
     refusal("image, n=2", lambda: LocalPd(prefill, decode).generate(
         prompt, [images["A"]], SamplingParams(n=2, max_tokens=4, temperature=0.5)))  # fmt: skip
     refusal("image, prefill returned no KV", lambda: LocalPd(silent, decode).generate(
@@ -109,7 +135,7 @@ def main() -> int:
 
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print()
-    print("Live P/D on CPU: tiny LLaVA, vision prefill -> language-model-only decode")
+    print("Live P/D on CPU: tiny LLaVA and Qwen2-VL, vision prefill -> language-model-only decode")
     print()
     for i, row in enumerate(rows):
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
@@ -118,7 +144,8 @@ def main() -> int:
     print()
     print("The decode output equals one full engine's, image for image; A again hits the")
     print("decode prefix cache and B does not. Without the salt fold, B is served A's cached")
-    print("blocks and its answer is no longer B's.")
+    print("blocks and its answer is no longer B's. Qwen2-VL's decode engine has no vision")
+    print("tower: it takes each image's grid and hash, and the prefill's KV.")
     return 0
 
 

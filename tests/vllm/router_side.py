@@ -63,11 +63,14 @@ def router_request(
     max_tokens: int = 8,
     n: int = 1,
     keep_grids_on_cpu: bool = True,
+    logprobs: int | None = None,
+    stream: bool = True,
 ) -> pb.GenerateRequest:
     """The tokenized request for ``prompt`` and ``images``, greedy, ``max_tokens`` long.
 
     ``keep_grids_on_cpu=False`` leaves ``image_grid_thw`` out of
-    ``keep_on_cpu_keys``, as a careless router would.
+    ``keep_on_cpu_keys``, as a careless router would. ``logprobs=0`` asks for
+    each sampled token's log-probability.
     """
     processor = _processor(model_dir)
     if images:
@@ -76,13 +79,15 @@ def router_request(
         out = processor.tokenizer([prompt], return_tensors="pt")
     ids = [int(t) for t in out["input_ids"][0]]
     request = pb.GenerateRequest(
-        request_id=request_id, tokenized=pb.TokenizedInput(input_ids=ids), stream=True
+        request_id=request_id, tokenized=pb.TokenizedInput(input_ids=ids), stream=stream
     )
     request.tokenized.original_text = prompt
     params = request.sampling_params
     params.temperature = 0.0
     params.max_tokens = max_tokens
     params.n = n
+    if logprobs is not None:
+        params.logprobs = logprobs
     if not images:
         return request
     assert image_token_id is not None, "an image request needs the model's image token id"

@@ -103,6 +103,8 @@ class Streamed:
 
     tokens: list[int]
     complete: pb.GenerateComplete
+    #: Each sampled token's log-probability, when the request asked for them.
+    logprobs: list[float] = attrs.field(factory=list)
 
     @property
     def kv_report(self) -> dict[str, Any]:
@@ -114,11 +116,16 @@ class Streamed:
 async def streamed(responses: AsyncIterator[pb.GenerateResponse]) -> Streamed:
     """Collect a stream: chunks carry deltas, and so does a streamed completion."""
     tokens: list[int] = []
+    logprobs: list[float] = []
     complete = None
     async for response in responses:
         if response.HasField("chunk"):
             tokens.extend(response.chunk.token_ids)
+            logprobs.extend(response.chunk.output_logprobs.token_logprobs)
         elif response.HasField("complete"):
             complete = response.complete
     assert complete is not None, "the stream ended without a completion"
-    return Streamed(tokens or list(complete.output_ids), complete)
+    if not tokens:
+        tokens = list(complete.output_ids)
+        logprobs = list(complete.output_logprobs.token_logprobs)
+    return Streamed(tokens, complete, logprobs)

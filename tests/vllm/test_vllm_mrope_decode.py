@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from live_engines import BLOCK_SIZE
-from router_side import image
+from qwen_prompts import A, B, prompt
 from vllm import SamplingParams
 
 from pd_policy import (
@@ -33,21 +33,6 @@ from pd_policy_vllm import (
 from pd_policy_vllm.local_pd import LocalPd, PdResult
 
 SCORED = SamplingParams(max_tokens=8, temperature=0.0, logprobs=0)
-_WORDS = (
-    "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "cat", "sat", "on",
-    "mat", "red", "green", "blue", "one", "two", "three", "four", "five", "six", "seven",
-)  # fmt: skip
-A, B = image(1, side=112), image(2, side=112)  # 16 placeholder ids each, grid (1, 8, 8)
-
-
-def prompt(variant: str, *, late: bool = False) -> str:
-    """About 95 expanded ids over three 32-id blocks, the image in the first block or, with
-    ``late``, in the partial last one; ``variant`` keeps tests out of each other's caches."""
-    # 58 words put the image at ids 66..81 of 91: past the last whole block (64).
-    words = " ".join([variant, *(_WORDS[(i * 7) % len(_WORDS)] for i in range(58 if late else 66))])
-    image_part = "<|vision_start|><|image_pad|><|vision_end|>"
-    user = f"{words} {image_part} hi" if late else f"{image_part} {words}"
-    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
 
 @pytest.fixture

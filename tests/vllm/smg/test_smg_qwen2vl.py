@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import attrs
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from qwen_prompts import prompt
 from router_side import image, router_request
 from servers import running
 from smg_peers import Streamed, servicer, streamed
@@ -20,10 +22,17 @@ from tiny_models import TinyModel
 
 import grpc
 from pd_policy import KvConnectorMode, PrefillKv, VisionSupport, plan_kv_handoff
-from pd_policy_grpc import capability_from_info, prefill_leg
+from pd_policy_grpc import (
+    SequentialPd,
+    capability_from_info,
+    clone_without_mm,
+    metadata_only,
+    prefill_kv_from_info,
+    prefill_leg,
+    relay_kv,
+)
 from pd_policy_grpc.wire import pb, pb_grpc
 
-_FILLER = " ".join(["describe the red dog on the mat and the blue cat"] * 4)
 _LIMITS = {"image": 1, "video": 0}
 
 
@@ -33,6 +42,7 @@ class Fleet:
     decode: str
     baseline: str
     model: TinyModel
+    decode_log: Path
 
 
 @pytest.fixture(scope="module")
@@ -49,24 +59,26 @@ def fleet(qwen2vl: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Itera
     )  # fmt: skip
     baseline, baseline_at = servicer("qwen-baseline", qwen2vl, root, limits=_LIMITS)
     with running([prefill, decode, baseline]):
-        yield Fleet(prefill_at, decode_at, baseline_at, qwen2vl)
+        yield Fleet(prefill_at, decode_at, baseline_at, qwen2vl, decode.log)
 
 
 def request(
-    fleet: Fleet, variant: str, seed: int, *, keep_grids_on_cpu: bool = True
+    fleet: Fleet,
+    variant: str,
+    seed: int,
+    *,
+    keep_grids_on_cpu: bool = True,
+    logprobs: int | None = None,
 ) -> pb.GenerateRequest:
     """A Qwen2-VL request: a 112x112 image (16 placeholder ids, grid (1, 8, 8)) first."""
-    prompt = (
-        f"<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{variant} {_FILLER}"
-        "<|im_end|>\n<|im_start|>assistant\n"
-    )
     return router_request(
         str(fleet.model.path),
-        prompt,
+        prompt(variant),
         [image(seed, side=112)],
         image_token_id=fleet.model.image_token_id,
         request_id=f"{variant}-{seed}",
         keep_grids_on_cpu=keep_grids_on_cpu,
+        logprobs=logprobs,
     )
 
 
@@ -116,5 +128,84 @@ def test_a_repeated_image_on_a_full_vision_prefill_leaves_the_engine_alive(fleet
         assert first.tokens == second.tokens
         assert await serving(fleet.baseline)
         assert (await generate(fleet.baseline, request(fleet, "after", 6))).tokens
+
+    asyncio.run(main())
+
+
+async def sequential(fleet: Fleet) -> SequentialPd:
+    """A ``SequentialPd`` configured from the workers' own answers."""
+    p = grpc.aio.insecure_channel(fleet.prefill)
+    d = grpc.aio.insecure_channel(fleet.decode)
+    decode_stub, prefill_stub = pb_grpc.VllmEngineStub(d), pb_grpc.VllmEngineStub(p)
+    decode_info = await decode_stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    decode_server = await decode_stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
+    prefill_server = await prefill_stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
+    capability = capability_from_info(decode_info, decode_server)
+    kv = prefill_kv_from_info(prefill_server, fleet.prefill)
+    return SequentialPd(p, d, capability, kv=kv, timeout=60)
+
+
+def test_images_a_b_a_on_a_language_model_only_decode_that_takes_metadata(fleet: Fleet) -> None:
+    async def main() -> None:
+        expected = [
+            await generate(fleet.baseline, request(fleet, "meta", seed, logprobs=0))
+            for seed in (1, 2)
+        ]
+        # The images give other answers (the tiny model's greedy tokens may tie; its
+        # log-probabilities do not), else matching them would prove nothing.
+        assert expected[0].logprobs != pytest.approx(expected[1].logprobs, abs=1e-4)
+        pd = await sequential(fleet)
+        (candidate,) = pd.candidates
+        # Inferred from the servicer's own answers: supports_vision false, a KV consumer,
+        # and an encoder budget vLLM gives only to embedding-only modalities.
+        assert candidate.worker.takes_mm_metadata
+        served = [
+            await streamed(pd.generate(request(fleet, "meta", seed, logprobs=0)))
+            for seed in (1, 2, 1)
+        ]
+        for got, want in zip(served, [expected[0], expected[1], expected[0]], strict=True):
+            assert got.tokens == want.tokens
+            assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5)
+        first, b, again = (s.kv_report for s in served)
+        assert (first["local_cached_tokens"], b["local_cached_tokens"]) == (0, 0)
+        assert again["local_cached_tokens"] > 0
+        assert first["loaded_tokens"] > 0 and b["loaded_tokens"] > 0
+
+    asyncio.run(main())
+
+
+def test_a_metadata_leg_without_kv_is_refused_and_the_servicer_survives(fleet: Fleet) -> None:
+    async def main() -> None:
+        leg = metadata_only(request(fleet, "bare", 3))
+        assert not leg.HasField("kv_transfer_params_json")
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await generate(fleet.decode, leg)
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert await serving(fleet.decode)
+        pd = await sequential(fleet)
+        served = await streamed(pd.generate(request(fleet, "after-bare", 3)))
+        assert (
+            served.tokens
+            == (await generate(fleet.baseline, request(fleet, "after-bare", 3))).tokens
+        )
+
+    asyncio.run(main())
+
+
+def test_a_hashes_only_leg_gets_text_positions(fleet: Fleet) -> None:
+    # What the metadata form exists to avoid: without the grid the servicer salts the leg by
+    # its hashes and decodes with text positions; the answer drifts without an error.
+    async def main() -> None:
+        original = request(fleet, "hashes-only", 4, logprobs=0)
+        handoff = plan_kv_handoff(PrefillKv(KvConnectorMode.NIXL), n=1)
+        async with grpc.aio.insecure_channel(fleet.prefill) as channel:
+            stub = pb_grpc.VllmEngineStub(channel)
+            complete = (await streamed(stub.Generate(prefill_leg(original, handoff)))).complete
+        leg = relay_kv(clone_without_mm(original), complete)
+        stripped = await generate(fleet.decode, leg)
+        want = await generate(fleet.baseline, request(fleet, "hashes-only", 4, logprobs=0))
+        assert stripped.logprobs != pytest.approx(want.logprobs, abs=1e-4)
+        log = fleet.decode_log.read_text(errors="replace")
+        assert "decode-side positions will be text-only" in log
 
     asyncio.run(main())
