@@ -26,6 +26,7 @@ from pd_policy import (
     MissingKvTransferParams,
     MropeOnLanguageModelOnlyDecode,
     NSamplesOnLanguageModelOnlyDecode,
+    PayloadLocation,
     PolicyError,
     VisionSupport,
 )
@@ -107,17 +108,17 @@ def test_the_capability_agrees_with_the_servicer(fleet: Fleet) -> None:
 
 
 async def sequential(
-    fleet: Fleet, kv: KvConnectorMode | None = None
+    fleet: Fleet, kv: KvConnectorMode | None = None, labels: dict[str, str] | None = None
 ) -> tuple[SequentialPd, Recorder, Recorder]:
     """A ``SequentialPd`` over recorded channels, configured from the workers' own answers
-    (or with the handoff ``kv`` forced)."""
+    (or with the handoff ``kv`` forced, and the operator's ``labels``)."""
     prefill_calls, decode_calls = Recorder(), Recorder()
     p = grpc.aio.insecure_channel(fleet.prefill, interceptors=[prefill_calls])
     d = grpc.aio.insecure_channel(fleet.decode, interceptors=[decode_calls])
     decode_info, decode_server = await info(fleet.decode)
     _, prefill_server = await info(fleet.prefill)
     handoff = kv or prefill_kv_from_info(prefill_server, fleet.prefill)
-    capability = capability_from_info(decode_info, decode_server)
+    capability = capability_from_info(decode_info, decode_server, labels=labels)
     return SequentialPd(p, d, capability, kv=handoff, timeout=60), prefill_calls, decode_calls
 
 
@@ -144,16 +145,27 @@ def test_refusals_never_send_a_generate_to_a_worker_that_should_not_get_one(
     fleet: Fleet,
 ) -> None:
     async def main() -> None:
+        # This decode servicer is a KV consumer with an encoder budget: it takes metadata.
         pd, prefill_calls, decode_calls = await sequential(fleet)
-        # M-RoPE grids and n>1 with an image: 400s before any request.
+        assert pd.candidates[0].worker.takes_mm_metadata
+        # An M-RoPE request whose grid is not inline, and n>1 with an image: 400s before
+        # any request.
+        shm_grid = to_proto(mrope_request(grid_location=PayloadLocation.SHM))
         for message, error in (
-            (to_proto(mrope_request()), MropeOnLanguageModelOnlyDecode),
+            (shm_grid, MropeOnLanguageModelOnlyDecode),
             (request(fleet, "n2", 1, n=2), NSamplesOnLanguageModelOnlyDecode),
         ):
             with pytest.raises(error) as caught:
                 await streamed(pd.generate(message))
             assert caught.value.status == 400
+        # An operator who says the worker takes no metadata: any M-RoPE request is refused.
+        said_no, no_prefill, no_decode = await sequential(
+            fleet, labels={"accepts_mm_metadata": "false"}
+        )
+        with pytest.raises(MropeOnLanguageModelOnlyDecode):
+            await streamed(said_no.generate(to_proto(mrope_request())))
         assert prefill_calls.methods == [] and decode_calls.methods == []
+        assert no_prefill.methods == [] and no_decode.methods == []
         # A prefill that hands nothing off (left untagged, it stores nothing): the 502,
         # after the prefill and before any decode request.
         untagged, prefill_calls, decode_calls = await sequential(
