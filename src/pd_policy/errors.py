@@ -248,9 +248,10 @@ def grpc_status_to_http(grpc_status: str) -> int:
 class WorkerFailedToStart(PolicyError):
     """A prefill or decode worker refused or failed a leg before its first output.
 
-    Unlike the policy's own refusals, its status follows the worker's gRPC status
-    (``grpc_status`` is the status name, e.g. ``"UNAVAILABLE"``) and it may be
-    retryable. ``leg`` is ``"prefill"`` or ``"decode"``; ``detail`` is the
+    Unlike the policy's own refusals, its status follows the worker's: its gRPC
+    status (``grpc_status`` is the status name, e.g. ``"UNAVAILABLE"``), or, for
+    a worker spoken to over HTTP, its HTTP status (``http_status``), and it may
+    be retryable. ``leg`` is ``"prefill"`` or ``"decode"``; ``detail`` is the
     worker's own message.
     """
 
@@ -262,14 +263,16 @@ class WorkerFailedToStart(PolicyError):
     _SUFFIX: ClassVar[str] = "worker_failed_to_start"
     _WHAT: ClassVar[str] = "worker failed to start"
 
-    def __init__(self, leg: str, grpc_status: str, detail: str = "") -> None:
+    def __init__(
+        self, leg: str, grpc_status: str = "", detail: str = "", *, http_status: int | None = None
+    ) -> None:
         if leg not in self._LEGS:
             raise ValueError(f"leg must be 'prefill' or 'decode', not {leg!r}")
         self.leg = leg
         self.grpc_status = grpc_status
         self.detail = detail
         self.code = f"{leg}_{self._SUFFIX}"
-        self.status = grpc_status_to_http(grpc_status)
+        self.status = grpc_status_to_http(grpc_status) if http_status is None else http_status
         super().__init__(f"{leg.capitalize()} {self._WHAT}: {detail}".rstrip(": "))
 
     @property
@@ -318,8 +321,9 @@ def _build_catalog() -> Mapping[str, CatalogEntry]:
     }
     mapping = (
         "The status is mapped from its gRPC status (INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED "
-        "429, INTERNAL 500, UNAVAILABLE 503, DEADLINE_EXCEEDED 504, others 500); retryable "
-        "under the default rules (408, 429, 5xx) except a sidecar time-out."
+        "429, INTERNAL 500, UNAVAILABLE 503, DEADLINE_EXCEEDED 504, others 500), or is its "
+        "HTTP status for a worker spoken to over HTTP; retryable under the default rules "
+        "(408, 429, 5xx) except a sidecar time-out."
     )
     for leg in ("prefill", "decode"):
         code = f"{leg}_worker_failed_to_start"

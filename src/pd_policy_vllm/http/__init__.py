@@ -1,0 +1,44 @@
+"""The policy over vLLM's OpenAI-compatible HTTP server, and a P/D proxy users run.
+
+- :mod:`~pd_policy_vllm.http.request`, :mod:`~pd_policy_vllm.http.media`,
+  :mod:`~pd_policy_vllm.http.legs`: pure shaping of request and response
+  bodies, for any proxy to call (no I/O).
+- :mod:`~pd_policy_vllm.http.workers`: what a worker's server says about it.
+- :mod:`~pd_policy_vllm.http.proxy` and ``pd-policy-proxy``
+  (:mod:`~pd_policy_vllm.http.cli`): the proxy, on ``aiohttp``.
+
+Install with the ``http`` extra. Importing the shaping modules needs no
+``aiohttp``; the proxy and the CLI do.
+"""
+
+from __future__ import annotations
+
+from .legs import Leg, PrefillReply, decode_body, prefill_body, read_prefill
+from .media import TEXT_PART_TYPES, MediaPart, media_parts, without_media
+from .request import CACHE_SALT_LIMIT, Route, check_cache_salt, policy_request
+from .workers import (
+    HttpWorker,
+    capability_from_config,
+    engine_facts_from_config,
+    prefill_kv_from_config,
+)
+
+__all__ = [
+    "CACHE_SALT_LIMIT",
+    "TEXT_PART_TYPES",
+    "HttpWorker",
+    "Leg",
+    "MediaPart",
+    "PrefillReply",
+    "Route",
+    "capability_from_config",
+    "check_cache_salt",
+    "decode_body",
+    "engine_facts_from_config",
+    "media_parts",
+    "policy_request",
+    "prefill_body",
+    "prefill_kv_from_config",
+    "read_prefill",
+    "without_media",
+]

@@ -1,0 +1,149 @@
+"""``pd-policy-proxy``: run the P/D proxy in front of ``vllm serve`` workers.
+
+    pd-policy-proxy --prefill URL --decode URL [--decode URL ...] [--no-mrope | --mrope]
+
+At start-up it asks each worker for its configuration (``GET /server_info``,
+served when the worker runs with ``VLLM_SERVER_DEV_MODE=1``) and takes the
+prefill's KV connector and each decode worker's capability from it. For a
+worker that does not say, the flags do: ``--kv-mode`` (the prefill's handoff
+contract) and ``--decode-capability`` (a decode worker's). Whether the model's
+positions are M-RoPE no worker says: ``--mrope`` or ``--no-mrope`` is required
+when a decode worker is language-model-only. It binds to 127.0.0.1 by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from pd_policy import InvalidConfiguration, KvConnectorMode, PrefillKv, Support, WorkerCapability
+
+from .proxy import Proxy
+from .workers import HttpWorker, capability_from_config, prefill_kv_from_config
+
+__all__ = ["main", "read_workers"]
+
+logger = logging.getLogger("pd_policy_vllm.http")
+
+_CAPABILITIES = {
+    "vision": WorkerCapability(Support.TRUE),
+    "lm-only": WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.FALSE),
+    "lm-only+metadata": WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE),
+}
+
+
+async def _server_info(session: aiohttp.ClientSession, url: str, deadline: float) -> Any:
+    """The worker's ``vllm_config`` (``None`` when it does not serve it), once it is up."""
+    while True:
+        try:
+            async with session.get(f"{url}/server_info", params={"config_format": "json"}) as r:
+                if r.status != 200:
+                    return None
+                info = await r.json()
+                return info.get("vllm_config", info) if isinstance(info, dict) else None
+        except aiohttp.ClientConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1)
+
+
+async def read_workers(args: argparse.Namespace) -> tuple[HttpWorker, list[HttpWorker]]:
+    """The prefill and decode workers, as their servers describe them or the flags say.
+
+    Raises :class:`~pd_policy.InvalidConfiguration` when neither says what the
+    proxy needs: the prefill's KV connector, or (with a language-model-only
+    decode worker) whether the model uses M-RoPE.
+    """
+    deadline = time.monotonic() + args.startup_timeout
+    async with aiohttp.ClientSession() as session:
+        prefill_config = await _server_info(session, args.prefill, deadline)
+        decode_configs = [await _server_info(session, url, deadline) for url in args.decode]
+    mode = KvConnectorMode(args.kv_mode) if args.kv_mode else None
+    if prefill_config is not None:
+        kv = prefill_kv_from_config(
+            prefill_config, args.prefill, mode=mode, bootstrap_port=args.bootstrap_port
+        )
+    elif mode is None:
+        raise InvalidConfiguration(
+            "the prefill worker does not describe its KV connector (run it with "
+            "VLLM_SERVER_DEV_MODE=1): pass --kv-mode",
+            param="kv_mode",
+        )
+    else:
+        host = args.prefill.split("//")[-1].split(":")[0]
+        kv = PrefillKv(mode, bootstrap_host=host, bootstrap_port=args.bootstrap_port or 8998)
+    decode = []
+    for url, config in zip(args.decode, decode_configs, strict=True):
+        if config is not None:
+            capability = capability_from_config(config)
+        elif args.decode_capability:
+            capability = _CAPABILITIES[args.decode_capability]
+        else:
+            logger.warning("%s does not describe itself: its capability is unknown", url)
+            capability = WorkerCapability()
+        decode.append(HttpWorker(url, capability))
+    return HttpWorker(args.prefill, kv=kv), decode
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pd-policy-proxy", description=__doc__.splitlines()[0])
+    parser.add_argument("--prefill", required=True, help="the prefill worker's base URL")
+    parser.add_argument(
+        "--decode", required=True, action="append", help="a decode worker's base URL (repeat)"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind (8000)")
+    mrope = parser.add_mutually_exclusive_group()
+    mrope.add_argument("--mrope", action="store_true", default=None, help="the model uses M-RoPE")
+    mrope.add_argument("--no-mrope", dest="mrope", action="store_false", help="it does not")
+    parser.add_argument(
+        "--kv-mode",
+        choices=[m.value for m in KvConnectorMode],
+        help="the prefill's handoff contract, when its server does not say (or to override)",
+    )
+    parser.add_argument("--bootstrap-port", type=int, help="the Mooncake bootstrap port (8998)")
+    parser.add_argument(
+        "--decode-capability",
+        choices=sorted(_CAPABILITIES),
+        help="the capability of a decode worker that does not describe itself",
+    )
+    parser.add_argument(
+        "--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the proxy until interrupted. Exit status 2 for a configuration it cannot serve."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = _parser().parse_args(argv)
+    try:
+        prefill, decode = asyncio.run(read_workers(args))
+        lm_only = any(w.capability.language_model_only for w in decode)
+        if args.mrope is None and lm_only:
+            raise InvalidConfiguration(
+                "a decode worker is language-model-only and no worker says whether the model "
+                "uses M-RoPE: pass --mrope or --no-mrope",
+                param="mrope",
+            )
+    except (InvalidConfiguration, aiohttp.ClientError) as exc:
+        print(f"pd-policy-proxy: {exc}", file=sys.stderr)
+        return 2
+    for worker in decode:
+        logger.info("decode %s: %s", worker.url, worker.capability)
+    logger.info("prefill %s: %s", prefill.url, prefill.kv.mode.value)
+    proxy = Proxy(prefill, decode, mrope=bool(args.mrope))
+    web.run_app(proxy.app(), host=args.host, port=args.port, print=None, handler_cancellation=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The P/D legs as OpenAI-compatible bodies for vLLM's HTTP server: pure shaping, no I/O.
+
+- :func:`prefill_body`: the client's body, sanitised as SMG's HTTP router
+  does (``stream: false``, no ``stream_options``, ``n: 1``, no ``min_tokens``,
+  the output cap set to 1 on whichever key the client used), asking for the
+  expanded prompt ids (``return_token_ids``) and tagged for the handoff.
+- :func:`read_prefill`: what the prefill's non-streaming response says: the
+  expanded ids, the KV parameters, the usage.
+- :func:`decode_body`: the decode leg for the decided form, from the client's
+  body and the prefill's reply.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from pd_policy import (
+    DecodeForm,
+    KvHandoff,
+    MalformedRequest,
+    Request,
+    WorkerStreamError,
+    decode_cache_salt,
+)
+
+from .media import without_media
+from .request import Route
+
+__all__ = ["Leg", "PrefillReply", "decode_body", "prefill_body", "read_prefill"]
+
+
+@attrs.frozen(slots=True)
+class Leg:
+    """An HTTP leg: the route to send it to, and its JSON body."""
+
+    route: str
+    body: dict[str, Any]
+
+
+def prefill_body(body: Mapping[str, Any], route: Route, handoff: KvHandoff) -> dict[str, Any]:
+    """The prefill leg's body (a new dict; ``body`` is not changed).
+
+    Raises ``ValueError`` for a handoff that runs no prefill (n>1).
+    """
+    if not handoff.runs_prefill:
+        raise ValueError("this handoff runs no prefill leg (n>1: decode runs alone)")
+    leg = dict(body)
+    leg["stream"] = False
+    leg.pop("stream_options", None)
+    if "n" in leg:
+        leg["n"] = 1
+    leg.pop("min_tokens", None)
+    if route is Route.CHAT and "max_completion_tokens" in leg:
+        leg["max_completion_tokens"] = 1
+        leg.pop("max_tokens", None)
+    else:
+        leg["max_tokens"] = 1
+    leg["return_token_ids"] = True
+    if handoff.prefill_params is not None:
+        leg["kv_transfer_params"] = json.loads(handoff.prefill_params)
+    return leg
+
+
+@attrs.frozen(slots=True)
+class PrefillReply:
+    """What a non-streaming prefill response says about the handoff."""
+
+    #: The prompt ids after the worker's processor expanded its media.
+    prompt_token_ids: tuple[int, ...]
+    #: The KV parameters the engine returned, or ``None``.
+    kv_transfer_params: dict[str, Any] | None
+    #: The response's ``usage`` object, as sent.
+    usage: dict[str, Any]
+
+
+def _bad_reply(detail: str) -> WorkerStreamError:
+    return WorkerStreamError("prefill", "", detail, http_status=502)
+
+
+def read_prefill(response: Mapping[str, Any], route: Route) -> PrefillReply:
+    """Read the prefill's response: ids from the top level (chat) or the first choice
+    (completions), ``kv_transfer_params`` from the top level.
+
+    Raises :class:`~pd_policy.WorkerStreamError` (502, leg ``prefill``) when it
+    has no prompt ids (a worker that ignores ``return_token_ids``) or they are
+    not token ids, or its KV parameters are not an object.
+    """
+    source: Any = response
+    if route is Route.COMPLETIONS:
+        choices = response.get("choices")
+        source = choices[0] if isinstance(choices, list) and choices else {}
+    ids = source.get("prompt_token_ids") if isinstance(source, Mapping) else None
+    if not isinstance(ids, list) or not ids or not all(type(t) is int and t >= 0 for t in ids):
+        raise _bad_reply("the prefill response has no prompt_token_ids (return_token_ids)")
+    params = response.get("kv_transfer_params")
+    if params is not None and not isinstance(params, dict):
+        raise _bad_reply("the prefill response's kv_transfer_params is not an object")
+    usage = response.get("usage")
+    return PrefillReply(tuple(ids), params, dict(usage) if isinstance(usage, Mapping) else {})
+
+
+def decode_body(
+    body: Mapping[str, Any],
+    route: Route,
+    form: DecodeForm,
+    leg: Request,
+    reply: PrefillReply | None,
+) -> Leg:
+    """The decode leg for ``form``: ``leg`` is the core's decode leg (after the relay),
+    ``reply`` what the prefill returned (``None`` when no prefill ran, n>1).
+
+    - ``TEXT_PLUS_HASHES``, chat: the body with every media part removed from
+      ``messages``, the expanded ids in ``kv_transfer_params.prompt_token_ids``
+      (vLLM then skips templating), the relayed KV parameters, and
+      ``cache_salt`` = the folded salt (:func:`pd_policy.decode_cache_salt`:
+      the media's identities and the caller's salt; 68 characters). Tools,
+      reasoning and sampling options stay.
+    - ``TEXT_PLUS_HASHES``, completions: the token-id ``prompt``, the KV
+      parameters and the salt.
+    - ``IDENTITY_ONLY`` and ``FULL`` (a vision-capable worker): the body
+      itself, with the relayed KV parameters.
+
+    Raises :class:`~pd_policy.MalformedRequest` for a stripped leg with media
+    and no prompt ids to forward (it would be answered image-blind), and for a
+    form HTTP does not serve here (``MROPE_METADATA``).
+    """
+    out = dict(body)
+    params = leg.kv_transfer_params_dict()
+    if form in (DecodeForm.IDENTITY_ONLY, DecodeForm.FULL):
+        if params is not None:
+            out["kv_transfer_params"] = params
+        return Leg(route.value, out)
+    if form is not DecodeForm.TEXT_PLUS_HASHES:
+        raise MalformedRequest(f"no HTTP decode leg for the form {form.name}", param="form")
+    ids = reply.prompt_token_ids if reply is not None else None
+    if ids is None and leg.has_mm_inputs:
+        raise MalformedRequest("a stripped leg with media needs the prefill's prompt ids", "prompt")
+    salt = decode_cache_salt(leg)
+    if salt is not None:
+        out["cache_salt"] = salt
+    if route is Route.COMPLETIONS:
+        if ids is not None:
+            out["prompt"] = list(ids)
+        if params is not None:
+            out["kv_transfer_params"] = params
+        return Leg(route.value, out)
+    out["messages"] = without_media(body)
+    if ids is not None:
+        out["kv_transfer_params"] = {**(params or {}), "prompt_token_ids": list(ids)}
+    elif params is not None:
+        out["kv_transfer_params"] = params
+    return Leg(route.value, out)

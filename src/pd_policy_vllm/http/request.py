@@ -1,0 +1,120 @@
+"""An OpenAI-compatible request body, as the policy sees it.
+
+The proxy does not process media: the prefill worker does. Before prefill the
+policy sees a request whose batches hold only the media's identities (one
+batch per modality, in order of appearance), ``n``, and the caller's salt; it
+decides the decode form on that. For a model that uses M-RoPE, image and video
+batches also name their grid (a descriptor: the proxy has no values), so a
+language-model-only worker that cannot take it is refused before prefill.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, Final
+
+from pd_policy import (
+    MalformedRequest,
+    Modality,
+    MultimodalBatch,
+    PayloadLocation,
+    Request,
+    TensorDescriptor,
+)
+
+from .media import MediaPart, media_parts
+
+__all__ = ["CACHE_SALT_LIMIT", "Route", "check_cache_salt", "policy_request"]
+
+#: vLLM's limit on ``cache_salt`` (``validate_cache_salt``): characters, and forbidden ones.
+CACHE_SALT_LIMIT: Final = 128
+_FORBIDDEN_IN_SALT: Final = frozenset("@/\\\x00")
+_GRIDS: Final = {Modality.IMAGE: "image_grid_thw", Modality.VIDEO: "video_grid_thw"}
+
+
+class Route(enum.Enum):
+    """The OpenAI endpoints the proxy serves in P/D."""
+
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+
+
+def check_cache_salt(salt: object) -> str | None:
+    """The caller's ``cache_salt``, if vLLM would take it; ``None`` when absent.
+
+    vLLM refuses an empty salt, one over 128 characters, and one holding ``@``,
+    ``/``, ``\\`` or NUL. Refusing it here, before prefill, keeps a prefill
+    from running for a decode that cannot. Raises
+    :class:`~pd_policy.MalformedRequest` (``param="cache_salt"``), whose message
+    does not echo the salt.
+    """
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise MalformedRequest("cache_salt must be a non-empty string", param="cache_salt")
+    if len(salt) > CACHE_SALT_LIMIT or _FORBIDDEN_IN_SALT & set(salt):
+        raise MalformedRequest(
+            f"cache_salt must be at most {CACHE_SALT_LIMIT} characters and hold none of "
+            "'@', '/', '\\\\' or NUL",
+            param="cache_salt",
+        )
+    return salt
+
+
+def _n(body: Mapping[str, Any]) -> int:
+    n = body.get("n", 1)
+    if n is None:
+        return 1
+    if type(n) is not int or n < 1:
+        raise MalformedRequest("n must be a positive integer", param="n")
+    return n
+
+
+def _batches(parts: tuple[MediaPart, ...], mrope: bool) -> list[MultimodalBatch]:
+    by_modality: dict[Modality, list[str]] = {}
+    for part in parts:
+        by_modality.setdefault(part.modality, []).append(part.identity)
+    batches = []
+    for modality, identities in by_modality.items():
+        tensors: tuple[TensorDescriptor, ...] = ()
+        if mrope and modality in _GRIDS:
+            rows = (len(identities), 3)
+            tensors = (TensorDescriptor(_GRIDS[modality], rows, "int64", PayloadLocation.NONE),)
+        batches.append(MultimodalBatch(modality=modality, tensors=tensors, mm_hashes=identities))
+    return batches
+
+
+def policy_request(
+    body: Mapping[str, Any], route: Route, *, request_id: str, mrope: bool
+) -> Request:
+    """The core request for an OpenAI ``body`` sent to ``route``.
+
+    ``mrope``: the served model's positions are M-RoPE. Raises
+    :class:`~pd_policy.MalformedRequest` (a 400 naming the field) for a body
+    that is not an object; a chat body whose messages are not a list of
+    objects or hold a part that is neither text nor media; a completions body
+    whose ``prompt`` is not one prompt (text or token ids); ``n`` that is not
+    a positive integer; a ``cache_salt`` vLLM would refuse; and ``echo`` on a
+    request with media (vLLM then ignores forwarded prompt ids, and a stripped
+    leg would be answered image-blind).
+    """
+    if not isinstance(body, Mapping):
+        raise MalformedRequest("the body must be a JSON object", param="body")
+    salt = check_cache_salt(body.get("cache_salt"))
+    n = _n(body)
+    if route is Route.COMPLETIONS:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return Request(request_id, text=prompt, n=n, cache_salt=salt)
+        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            return Request(request_id, input_ids=prompt, n=n, cache_salt=salt)
+        raise MalformedRequest(
+            "prompt must be one prompt: a string or a list of token ids", param="prompt"
+        )
+    parts = media_parts(body)
+    if parts and body.get("echo"):
+        raise MalformedRequest(
+            "echo cannot be served in P/D for a request with media", param="echo"
+        )
+    return Request(request_id, text="", batches=_batches(parts, mrope), n=n, cache_salt=salt)

@@ -1,0 +1,125 @@
+"""What the proxy knows about each worker: read from its server at start-up, or from flags.
+
+vLLM's HTTP server exposes its configuration only in development mode
+(``VLLM_SERVER_DEV_MODE=1``): ``GET /server_info?config_format=json`` returns
+the whole ``VllmConfig``. From it the proxy reads, per worker, whether it runs
+``--language-model-only``, its multimodal limits and embedding settings, and
+its KV connector, role and engine id. Nothing else a worker serves says so
+(``/v1/models``, ``/metrics`` and ``/version`` do not), nor does anything say
+whether the model's positions are M-RoPE; those come from flags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import attrs
+
+from pd_policy import (
+    EngineFacts,
+    KvConnectorMode,
+    MmInputProbe,
+    PrefillKv,
+    Support,
+    WorkerCapability,
+    connector_mode,
+    derive_accepts_mm_metadata,
+    derive_supports_vision,
+)
+
+__all__ = [
+    "HttpWorker",
+    "capability_from_config",
+    "engine_facts_from_config",
+    "prefill_kv_from_config",
+]
+
+
+def _base_url(url: str) -> str:
+    return url.rstrip("/")
+
+
+@attrs.frozen(slots=True)
+class HttpWorker:
+    """A worker of the proxy: its base URL, its capability (a decode worker's), and how it
+    hands KV over (a prefill worker's)."""
+
+    url: str = attrs.field(converter=_base_url)
+    capability: WorkerCapability = attrs.field(factory=WorkerCapability)
+    kv: PrefillKv = attrs.field(factory=lambda: PrefillKv(KvConnectorMode.NIXL))
+
+
+def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = config.get(name)
+    return value if isinstance(value, Mapping) else {}
+
+
+def engine_facts_from_config(config: Mapping[str, Any]) -> EngineFacts:
+    """The engine facts a worker's ``/server_info`` JSON (its ``vllm_config``) states.
+
+    vLLM's own multimodal-input check is not in the dump, so its rule is applied
+    to what the config says: a language-model-only engine takes multimodal input
+    only with ``enable_mm_embeds``. The limits are read only under
+    ``--language-model-only`` (all 0): the dump lists the explicit limits, and a
+    modality left out keeps vLLM's default, so they cannot prove an engine
+    blind otherwise.
+    """
+    model = _section(config, "model_config")
+    mm = model.get("multimodal_config")
+    kv = _section(config, "kv_transfer_config")
+    if not isinstance(mm, Mapping):
+        return EngineFacts(is_multimodal_model=False, mm_input_probe=MmInputProbe.UNSUPPORTED)
+    lm_only = mm.get("language_model_only") is True
+    embeds = mm.get("enable_mm_embeds") is True
+    probe = MmInputProbe.SUPPORTED if embeds or not lm_only else MmInputProbe.UNSUPPORTED
+    consumer = bool(kv.get("kv_connector")) and kv.get("kv_role") in {"kv_consumer", "kv_both"}
+    return EngineFacts(
+        is_multimodal_model=True,
+        mm_input_probe=probe,
+        enable_mm_embeds=embeds,
+        language_model_only=lm_only,
+        is_kv_consumer=consumer,
+        allow_missing_mm_embeddings=mm.get("allow_missing_mm_embeddings") is True,
+    )
+
+
+def capability_from_config(config: Mapping[str, Any]) -> WorkerCapability:
+    """The capability a worker's configuration gives it (``supports_vision`` and
+    ``accepts_mm_metadata``, by the core's rules)."""
+    facts = engine_facts_from_config(config)
+    return WorkerCapability(
+        Support.from_bool(derive_supports_vision(facts)),
+        accepts_mm_metadata=Support.from_bool(derive_accepts_mm_metadata(facts)),
+    )
+
+
+def prefill_kv_from_config(
+    config: Mapping[str, Any],
+    url: str,
+    *,
+    mode: KvConnectorMode | None = None,
+    bootstrap_port: int | None = None,
+) -> PrefillKv:
+    """How a prefill worker hands KV over, from its configuration and its URL.
+
+    The contract is its connector's (:func:`pd_policy.connector_mode`; ``mode``
+    overrides it, for a connector this library does not know), the Mooncake
+    engine id its ``engine_id``, the bootstrap host its URL's host, and the
+    data-parallel size its ``parallel_config``. Raises
+    :class:`~pd_policy.InvalidConfiguration` for an unknown connector.
+    """
+    kv = _section(config, "kv_transfer_config")
+    parallel = _section(config, "parallel_config")
+    connector = kv.get("kv_connector") or ""
+    options: dict[str, Any] = {}
+    if bootstrap_port is not None:
+        options["bootstrap_port"] = bootstrap_port
+    return PrefillKv(
+        mode or connector_mode(str(connector)),
+        engine_id=kv.get("engine_id") or None,
+        bootstrap_host=urlsplit(url).hostname,
+        dp_size=max(int(parallel.get("data_parallel_size") or 1), 1),
+        **options,
+    )

