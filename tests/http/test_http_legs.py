@@ -236,8 +236,11 @@ def test_completions_serve_one_prompt() -> None:
 
 
 def test_a_prefill_reply_without_ids_is_a_502_naming_the_prefill() -> None:
-    for response in ({}, {"prompt_token_ids": []}, {"prompt_token_ids": ["x"]},
-                     {"prompt_token_ids": [1], "kv_transfer_params": "x"}):  # fmt: skip
+    responses: list[dict[str, Any]] = [
+        {}, {"prompt_token_ids": []}, {"prompt_token_ids": ["x"]},
+        {"prompt_token_ids": [1], "kv_transfer_params": "x"},
+    ]  # fmt: skip
+    for response in responses:
         with pytest.raises(WorkerStreamError) as caught:
             read_prefill(response, Route.CHAT)
         assert caught.value.status == 502 and caught.value.code == "prefill_stream_error"
