@@ -9,18 +9,25 @@ Every worker runs with ``VLLM_SERVER_DEV_MODE=1`` so that it describes itself
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
+import threading
 import urllib.request
 from pathlib import Path
 from typing import Any, Final
 
+import aiohttp
+import attrs
+from aiohttp import web
 from live_engines import BLOCK_SIZE
 from servers import Server, free_port
 from tiny_models import TinyModel
 
-__all__ = ["data_url", "http_json", "proxy", "vllm_server"]
+from pd_policy_vllm.http.proxy import Proxy
+
+__all__ = ["InProcessProxy", "Sent", "data_url", "http_json", "proxy", "vllm_server"]
 
 #: The environment of a worker: describe itself, a small KV cache.
 WORKER_ENV: Final = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -87,3 +94,60 @@ def data_url(image: Any) -> str:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+@attrs.define
+class Sent:
+    """One request the in-process proxy sent to a worker: where, and its JSON body."""
+
+    url: str
+    body: Any
+
+
+class InProcessProxy:
+    """A :class:`pd_policy_vllm.http.proxy.Proxy` served from a thread of this process, that
+    records every request it sends to a worker (an ``aiohttp`` trace)."""
+
+    def __init__(self, proxy_: Proxy) -> None:
+        self.sent: list[Sent] = []
+        self._chunks: dict[int, bytearray] = {}
+        trace = aiohttp.TraceConfig()
+        trace.on_request_chunk_sent.append(self._on_chunk)
+        trace.on_request_end.append(self._on_end)
+        self._proxy = Proxy(
+            proxy_.prefill,
+            [c.handle for c in proxy_.candidates],
+            mrope=proxy_.mrope,
+            trace_configs=[trace],
+        )
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    async def _on_chunk(self, session: Any, context: Any, params: Any) -> None:
+        self._chunks.setdefault(id(context), bytearray()).extend(params.chunk)
+
+    async def _on_end(self, session: Any, context: Any, params: Any) -> None:
+        raw = bytes(self._chunks.pop(id(context), b""))
+        self.sent.append(Sent(str(params.url), json.loads(raw) if raw else None))
+
+    def sent_to(self, url: str) -> list[Sent]:
+        return [s for s in self.sent if s.url.startswith(url)]
+
+    async def _start(self) -> None:
+        self._runner = web.AppRunner(self._proxy.app(), handler_cancellation=True)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    def __enter__(self) -> InProcessProxy:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)

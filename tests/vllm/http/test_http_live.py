@@ -1,0 +1,312 @@
+"""The proxy against real ``vllm serve`` workers, driven by the official ``openai`` client.
+
+Three vLLM servers (started once for this module on 127.0.0.1, stopped by
+process id): a full-vision prefill (KV producer) and a ``--language-model-only``
+decode (KV consumer) of the tiny LLaVA on the ``TransferConnector``, and a
+full-vision baseline. The proxy runs as ``pd-policy-proxy`` (a process), and,
+where a test reads the legs it sends, in this process with a recording trace.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import openai
+import pytest
+from http_peers import InProcessProxy, data_url, http_json, proxy, vllm_server
+from live_engines import connector
+from router_side import image
+from servers import running
+from tiny_models import TinyModel
+
+from pd_policy import KvConnectorMode, PrefillKv
+from pd_policy_vllm.http import HttpWorker, capability_from_config, prefill_kv_from_config
+from pd_policy_vllm.http.proxy import Proxy
+
+_FILLER = " ".join(["describe the red dog on the mat and the blue cat"] * 6)
+
+
+@attrs.frozen
+class Fleet:
+    prefill: str
+    decode: str
+    baseline: str
+    proxy: str
+    decode_worker: HttpWorker
+    prefill_worker: HttpWorker
+
+
+def server_info(url: str) -> dict[str, Any]:
+    status, info = http_json(f"{url}/server_info?config_format=json")
+    assert status == 200
+    config: dict[str, Any] = info["vllm_config"]
+    return config
+
+
+@pytest.fixture(scope="module")
+def fleet(llava: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("http")
+    transfers = root / "transfers"
+    p, p_url = vllm_server("prefill", llava, root, kv_config=connector("kv_producer", transfers))
+    d, d_url = vllm_server(
+        "decode", llava, root, language_model_only=True,
+        kv_config=connector("kv_consumer", transfers),
+    )  # fmt: skip
+    b, b_url = vllm_server("baseline", llava, root)
+    with running([p, d, b]):
+        x, x_url = proxy(root, p_url, [d_url], "--no-mrope")
+        with running([x]):
+            decode_worker = HttpWorker(d_url, capability_from_config(server_info(d_url)))
+            prefill_worker = HttpWorker(p_url, kv=prefill_kv_from_config(server_info(p_url), p_url))
+            yield Fleet(p_url, d_url, b_url, x_url, decode_worker, prefill_worker)
+
+
+def messages(seed: int | None, variant: str) -> list[dict[str, Any]]:
+    text = {"type": "text", "text": f"{variant} {_FILLER}"}
+    if seed is None:
+        return [{"role": "user", "content": [text]}]
+    picture = {"type": "image_url", "image_url": {"url": data_url(image(seed))}}
+    return [{"role": "user", "content": [picture, text]}]
+
+
+def chat_body(seed: int | None, variant: str, **extra: Any) -> dict[str, Any]:
+    return {"model": "tiny", "messages": messages(seed, variant), "max_tokens": 8,
+            "temperature": 0, "return_token_ids": True, **extra}  # fmt: skip
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def chat(url: str, seed: int | None, variant: str, *, stream: bool = False) -> list[int]:
+    """The tokens of a greedy chat completion through ``url``, with the openai client."""
+    kwargs: dict[str, Any] = {
+        "model": "tiny", "messages": messages(seed, variant), "max_tokens": 8,
+        "temperature": 0, "extra_body": {"return_token_ids": True},
+    }  # fmt: skip
+    if not stream:
+        reply = client(url).chat.completions.create(**kwargs).model_dump()
+        tokens: list[int] = reply["choices"][0]["token_ids"]
+        return tokens
+    tokens = []
+    for chunk in client(url).chat.completions.create(stream=True, **kwargs):
+        for choice in chunk.model_dump()["choices"]:
+            tokens += choice.get("token_ids") or []
+    return tokens
+
+
+def test_the_proxy_reads_each_worker_from_its_server(fleet: Fleet) -> None:
+    assert fleet.decode_worker.capability.language_model_only
+    assert fleet.decode_worker.capability.takes_mm_metadata  # a KV consumer: 0.32 allows it
+    assert fleet.prefill_worker.kv.mode is KvConnectorMode.NIXL  # the TransferConnector
+    status, models = http_json(f"{fleet.proxy}/v1/models")
+    assert status == 200 and models["data"][0]["id"] == "tiny"
+
+
+def test_images_a_b_a_through_the_proxy_match_the_baseline(fleet: Fleet) -> None:
+    expected = {seed: chat(fleet.baseline, seed, "abA") for seed in (1, 2)}
+    assert expected[1] != expected[2]  # else matching them would prove nothing
+    for seed in (1, 2, 1):
+        assert chat(fleet.proxy, seed, "abA") == expected[seed]
+    # Streamed, as server-sent events, through the same proxy.
+    for seed in (2, 1):
+        assert chat(fleet.proxy, seed, "abA-stream", stream=True) == chat(
+            fleet.baseline, seed, "abA-stream"
+        )
+
+
+def test_the_decode_servers_prefix_cache_keeps_b_apart_from_a(fleet: Fleet) -> None:
+    reports = []
+    for seed in (1, 2, 1):
+        # A salt of its own: other tests sent these images behind the same first block.
+        body = chat_body(seed, "cache", cache_salt="prefix-cache-test")
+        status, reply = http_json(f"{fleet.proxy}/v1/chat/completions", body)
+        assert status == 200
+        # The decode connector's report: what it loaded and what its own cache had.
+        reports.append(reply["kv_transfer_params"])
+    assert [r["local_cached_tokens"] for r in reports[:2]] == [0, 0]
+    assert reports[2]["local_cached_tokens"] > 0
+    assert reports[0]["loaded_tokens"] > 0 and reports[1]["loaded_tokens"] > 0
+
+
+def test_completions_through_the_proxy_match_the_baseline(fleet: Fleet) -> None:
+    prompt = f"USER: completions {_FILLER}\nASSISTANT:"
+    kwargs: dict[str, Any] = {
+        "model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0,
+        "extra_body": {"return_token_ids": True},
+    }  # fmt: skip
+    want = client(fleet.baseline).completions.create(**kwargs).model_dump()
+    got = client(fleet.proxy).completions.create(**kwargs).model_dump()
+    assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
+    streamed: list[int] = []
+    for chunk in client(fleet.proxy).completions.create(stream=True, **kwargs):
+        for choice in chunk.model_dump()["choices"]:
+            streamed += choice.get("token_ids") or []
+    assert streamed == want["choices"][0]["token_ids"]
+
+
+@pytest.fixture(scope="module")
+def recording(fleet: Fleet) -> Iterator[InProcessProxy]:
+    """The proxy in this process, recording the legs it sends."""
+    with InProcessProxy(Proxy(fleet.prefill_worker, [fleet.decode_worker], mrope=False)) as live:
+        yield live
+
+
+def decode_legs(recording: InProcessProxy, fleet: Fleet) -> list[dict[str, Any]]:
+    return [s.body for s in recording.sent_to(fleet.decode)]
+
+
+def test_the_hazard_the_original_body_on_a_language_model_only_decode(
+    fleet: Fleet, recording: InProcessProxy
+) -> None:
+    # What existing proxies do: the original body, image included, to the decode worker.
+    status, reply = http_json(f"{fleet.decode}/v1/chat/completions", chat_body(1, "orig"))
+    assert status == 400 and reply["error"]["param"] == "image"
+    assert reply["error"]["message"].startswith("At most 0 image(s) may be provided")
+    status, _ = http_json(f"{recording.url}/v1/chat/completions", chat_body(1, "orig"))
+    assert status == 200
+    (leg,) = decode_legs(recording, fleet)[-1:]
+    assert all(
+        part.get("type") == "text" for m in leg["messages"] for part in m["content"]
+    )  # the proxy never sends a media part to it
+
+
+def stripped(body: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(json.dumps(body))
+    for message in out["messages"]:
+        message["content"] = [p for p in message["content"] if p["type"] == "text"]
+    return out
+
+
+def prefill_directly(fleet: Fleet, seed: int, variant: str) -> tuple[list[int], dict[str, Any]]:
+    body = chat_body(seed, variant, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+    status, reply = http_json(f"{fleet.prefill}/v1/chat/completions", body)
+    assert status == 200
+    return reply["prompt_token_ids"], reply["kv_transfer_params"]
+
+
+def tokens_of(url: str, body: dict[str, Any]) -> list[int]:
+    status, reply = http_json(f"{url}/v1/chat/completions", body)
+    assert status == 200, reply
+    tokens: list[int] = reply["choices"][0]["token_ids"]
+    return tokens
+
+
+@pytest.mark.parametrize("hazard", ["no_ids", "echo", "no_such_transfer", "no_salt"])
+def test_no_silent_image_blind_answer_through_the_proxy(
+    fleet: Fleet, recording: InProcessProxy, hazard: str
+) -> None:
+    """Each way vLLM answers a decode leg with HTTP 200 and the wrong image's (or no
+    image's) tokens, reproduced on the real decode server; the proxy's own leg differs from
+    the bad one exactly there, and its answer is right."""
+    variant = f"hazard-{hazard}"
+    ids, kv = prefill_directly(fleet, 2, variant)
+    bad = {**stripped(chat_body(2, variant)), "cache_salt": f"{hazard}-salt"}
+    forwarded = {**kv, "prompt_token_ids": ids}
+    if hazard == "no_ids":
+        bad["kv_transfer_params"] = kv
+    elif hazard == "echo":
+        bad.update(kv_transfer_params=forwarded, echo=True)
+    elif hazard == "no_such_transfer":
+        bad["kv_transfer_params"] = {**forwarded, "transfer_id": "no-such-transfer"}
+    else:
+        # B's decode after A's, with the same expanded ids and no salt: B gets A's blocks.
+        a_ids, a_kv = prefill_directly(fleet, 1, variant)
+        a_leg = {**a_kv, "prompt_token_ids": a_ids}
+        tokens_of(fleet.decode, {**stripped(chat_body(1, variant)), "kv_transfer_params": a_leg})
+        del bad["cache_salt"]
+        bad["kv_transfer_params"] = forwarded
+    expected = tokens_of(fleet.baseline, chat_body(2, variant))
+    assert tokens_of(fleet.decode, bad) != expected  # the silent 200: a wrong answer
+
+    status, reply = http_json(f"{recording.url}/v1/chat/completions", chat_body(2, variant))
+    assert status == 200 and reply["choices"][0]["token_ids"] == expected
+    leg = decode_legs(recording, fleet)[-1]
+    sent_kv = leg["kv_transfer_params"]
+    assert sent_kv["prompt_token_ids"] == reply_ids(recording, fleet)  # the prefill's own ids
+    assert "echo" not in leg
+    assert sent_kv["transfer_id"] == prefill_reply(recording, fleet)["transfer_id"]
+    assert leg["cache_salt"].startswith("mm1:")
+
+
+def reply_ids(recording: InProcessProxy, fleet: Fleet) -> list[int]:
+    # The proxy asked its prefill for return_token_ids; the ids it forwarded are those.
+    ids: list[int] = decode_legs(recording, fleet)[-1]["kv_transfer_params"]["prompt_token_ids"]
+    assert len(ids) > 36  # the image's 36 placeholders, and the text
+    return ids
+
+
+def prefill_reply(recording: InProcessProxy, fleet: Fleet) -> dict[str, Any]:
+    prefill_leg = recording.sent_to(fleet.prefill)[-1].body
+    assert prefill_leg["return_token_ids"] is True and prefill_leg["max_tokens"] == 1
+    # The transfer the proxy relayed is the one the prefill named (never invented).
+    kv: dict[str, Any] = decode_legs(recording, fleet)[-1]["kv_transfer_params"]
+    return kv
+
+
+def test_refusals_are_openai_error_bodies_before_any_worker_is_called(fleet: Fleet) -> None:
+    image_body = chat_body(1, "refused")
+    with InProcessProxy(Proxy(fleet.prefill_worker, [fleet.decode_worker], mrope=True)) as live:
+        for body, code, status in (
+            (image_body, "pd_decode_language_model_only_mrope", 400),
+            ({**chat_body(1, "refused"), "n": 2}, "pd_decode_language_model_only_n_samples", 400),
+            ({**image_body, "cache_salt": "tenant/secret"}, "pd_invalid_request", 400),
+            ({"model": "tiny", "messages": [{"role": "user", "content": [
+                {"type": "prompt_embeds", "data": "AAAA"}]}]}, "pd_invalid_request", 400),
+        ):  # fmt: skip
+            request = urllib.request.Request(
+                f"{live.url}/v1/chat/completions", data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )  # fmt: skip
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(request, timeout=30)
+            error = json.loads(caught.value.read())["error"]
+            assert (caught.value.code, error["code"]) == (status, code)
+            assert caught.value.headers["X-SMG-Error-Code"] == code
+            assert "secret" not in error["message"]
+        assert live.sent == []  # no worker was called
+
+
+def test_a_prefill_without_kv_parameters_is_a_502_for_an_image_and_recomputes_text(
+    fleet: Fleet,
+) -> None:
+    # Left untagged, the TransferConnector stores nothing and the prefill returns nothing.
+    untagged = HttpWorker(fleet.prefill, kv=PrefillKv(KvConnectorMode.PASSTHROUGH))
+    with InProcessProxy(Proxy(untagged, [fleet.decode_worker], mrope=False)) as live:
+        status, reply = http_json(f"{live.url}/v1/chat/completions", chat_body(1, "silent"))
+        assert status == 502
+        assert reply["error"]["code"] == "pd_decode_missing_kv_transfer_params"
+        assert len(live.sent_to(fleet.prefill)) == 1 and live.sent_to(fleet.decode) == []
+        got = tokens_of(live.url, chat_body(None, "silent-text"))
+    assert got == tokens_of(fleet.baseline, chat_body(None, "silent-text"))
+
+
+def running_requests(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    )
+
+
+def test_a_client_that_disconnects_mid_stream_leaves_nothing_running(fleet: Fleet) -> None:
+    body = chat_body(1, "disconnect", max_tokens=900, stream=True, ignore_eos=True)
+    request = urllib.request.Request(
+        f"{fleet.proxy}/v1/chat/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    response = urllib.request.urlopen(request, timeout=60)
+    assert response.readline().startswith(b"data:")  # the decode is streaming
+    assert running_requests(fleet.decode) == 1
+    response.close()  # the client goes away
+    deadline = time.monotonic() + 30
+    while running_requests(fleet.decode) or running_requests(fleet.prefill):
+        assert time.monotonic() < deadline, "a request is still running after the disconnect"
+        time.sleep(0.2)
