@@ -71,5 +71,6 @@ bench: $(VENV)/.grpc
 	$(PY) bench/run.py
 
 # Regenerate the committed conformance vectors (a test fails until they are current).
-vectors: $(VENV)/.core
+vectors: $(VENV)/.test
 	$(VENV)/bin/pd-policy vectors tests/vectors/pd-policy-vectors.json
+	$(PY) -m pd_policy_vllm.http.vectors write tests/vectors/pd-policy-http-vectors.json

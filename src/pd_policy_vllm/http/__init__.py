@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .legs import Leg, PrefillReply, decode_body, prefill_body, read_prefill
 from .media import TEXT_PART_TYPES, MediaPart, media_parts, without_media
+from .plan import Plan, decode_leg, plan_request
 from .request import CACHE_SALT_LIMIT, Route, check_cache_salt, policy_request
 from .workers import (
     HttpWorker,
@@ -29,13 +30,16 @@ __all__ = [
     "HttpWorker",
     "Leg",
     "MediaPart",
+    "Plan",
     "PrefillReply",
     "Route",
     "capability_from_config",
     "check_cache_salt",
     "decode_body",
+    "decode_leg",
     "engine_facts_from_config",
     "media_parts",
+    "plan_request",
     "policy_request",
     "prefill_body",
     "prefill_kv_from_config",

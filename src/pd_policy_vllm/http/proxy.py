@@ -33,16 +33,11 @@ from pd_policy import (
     PolicyError,
     WorkerFailedToStart,
     WorkerStreamError,
-    apply_kv_handoff,
-    build_decode_leg,
-    ensure_kv_handoff,
-    plan_kv_handoff,
-    relay_kv,
-    select_decode_workers,
 )
 
-from .legs import Leg, PrefillReply, decode_body, prefill_body, read_prefill
-from .request import Route, policy_request
+from .legs import Leg
+from .plan import decode_leg, plan_request
+from .request import Route
 from .workers import HttpWorker
 
 __all__ = ["REQUEST_ID_HEADER", "Proxy"]
@@ -142,22 +137,15 @@ class Proxy:
     async def _legs(
         self, session: aiohttp.ClientSession, body: Any, route: Route, request_id: str
     ) -> tuple[HttpWorker, Leg]:
-        core = policy_request(body, route, request_id=request_id, mrope=self.mrope)
-        chosen = select_decode_workers(core, self.candidates)[0]
-        form, leg = build_decode_leg(core, chosen.worker)
-        handoff = plan_kv_handoff(self.prefill.kv, n=core.n)
-        leg = apply_kv_handoff(leg, handoff)
-        reply: PrefillReply | None = None
-        if handoff.runs_prefill:
+        plan = plan_request(
+            body, route, self.candidates, self.prefill.kv, mrope=self.mrope, request_id=request_id
+        )
+        response = None
+        if plan.prefill is not None:
             response = await self._post(
-                session, "prefill", self.prefill, route.value, prefill_body(body, route, handoff),
-                request_id,
-            )  # fmt: skip
-            reply = read_prefill(response, route)
-            if handoff.relays:
-                leg = relay_kv(leg, reply.kv_transfer_params)
-        ensure_kv_handoff(core, form, leg)
-        return chosen.handle, decode_body(body, route, form, leg, reply)
+                session, "prefill", self.prefill, route.value, plan.prefill, request_id
+            )
+        return plan.decode.handle, decode_leg(plan, response)
 
     async def _post(
         self,

@@ -1,0 +1,245 @@
+"""Conformance vectors for HTTP proxies: OpenAI bodies in, P/D legs (or the refusal) out.
+
+A sibling of the core's vectors (``pd_policy.vectors``), for proxies in front
+of ``vllm serve`` that reimplement :mod:`pd_policy_vllm.http`. Each case gives
+the client's body and route, the decode workers (in preference order), the
+prefill worker's handoff contract, whether the model uses M-RoPE, and the
+prefill's response when a prefill runs; the outcome is the prefill leg's body
+and the decode leg's route and body, or the refusal's status, code and field.
+The format is documented in ``docs/http.md``.
+
+Run it: ``python -m pd_policy_vllm.http.vectors write FILE`` writes the set,
+``... run FILE`` prints this implementation's results for one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from pd_policy import (
+    DecodeCandidate,
+    KvConnectorMode,
+    PolicyError,
+    PrefillKv,
+    worker_from_json,
+)
+
+from .plan import decode_leg, plan_request
+from .request import Route
+
+__all__ = ["FORMAT", "VERSION", "build", "dumps", "run", "run_case"]
+
+FORMAT: Final = "pd-policy-http-vectors"
+VERSION: Final = 1
+
+_WORKERS: Final = {
+    "vision": {"supports_vision": True},
+    "unknown": {"supports_vision": None},
+    "lm_only": {"supports_vision": False},
+    "lm_only_metadata": {"supports_vision": False, "accepts_mm_metadata": True},
+}
+_IMAGE: Final = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+_OTHER_IMAGE: Final = {"type": "image_url", "image_url": {"url": "https://media.example/b.png"}}
+_RETURNED: Final = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": "t-1"}
+
+
+def run_case(case: Mapping[str, Any]) -> dict[str, Any]:
+    """This implementation's outcome for one case."""
+    candidates = [DecodeCandidate(worker_from_json(w), i) for i, w in enumerate(case["workers"])]
+    spec = dict(case["prefill_kv"])
+    try:
+        kv = PrefillKv(KvConnectorMode(spec.pop("mode")), **spec)
+        plan = plan_request(
+            case["body"], Route(case["route"]), candidates, kv, mrope=case["mrope"],
+            request_id="vector", transfer_id="xfer-0001",
+        )  # fmt: skip
+        leg = decode_leg(plan, case.get("prefill_response") if plan.prefill is not None else None)
+    except PolicyError as exc:
+        return {"status": exc.status, "error_code": exc.code, "error_param": exc.param}
+    return {
+        "status": 200,
+        "form": plan.form.value,
+        "decode_worker": plan.decode.handle,
+        "prefill_leg": plan.prefill,
+        "decode_leg": {"route": leg.route, "body": leg.body},
+    }
+
+
+def _chat(*parts: Any, **extra: Any) -> dict[str, Any]:
+    content = [*parts, {"type": "text", "text": "What is in the picture?"}]
+    return {"model": "m", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def _cases() -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = []
+    nixl = {"mode": "nixl"}
+
+    def add(
+        case_id: str,
+        description: str,
+        body: Any,
+        *,
+        route: str = Route.CHAT.value,
+        workers: Sequence[str] = ("lm_only",),
+        prefill_kv: Mapping[str, Any] = nixl,
+        mrope: bool = False,
+        response: Any = None,
+    ) -> None:
+        case: dict[str, Any] = {
+            "id": case_id,
+            "description": description,
+            "route": route,
+            "body": body,
+            "workers": [_WORKERS[w] for w in workers],
+            "prefill_kv": dict(prefill_kv),
+            "mrope": mrope,
+        }
+        if response is not None:
+            case["prefill_response"] = response
+        cases.append(case)
+
+    ids = list(range(100, 140))
+    chat_reply = {"prompt_token_ids": ids, "kv_transfer_params": _RETURNED, "usage": {}}
+    bodies = {
+        "image": _chat(_IMAGE, max_tokens=16, temperature=0),
+        "two_images": _chat(_IMAGE, _OTHER_IMAGE, max_tokens=16),
+        "image_salted": _chat(_IMAGE, max_tokens=16, cache_salt="tenant-a"),
+        "image_n2": _chat(_IMAGE, n=2, max_tokens=16),
+        "image_streamed": _chat(
+            _IMAGE,
+            stream=True,
+            stream_options={"include_usage": True},
+            max_completion_tokens=9,
+            min_tokens=2,
+        ),
+        "text": {"model": "m", "messages": [{"role": "user", "content": "hello"}]},
+        "text_n2": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2},
+        "image_with_tools": _chat(_IMAGE, tools=[{"type": "function", "function": {"name": "f"}}]),
+    }
+    for name, body in bodies.items():
+        for kind in _WORKERS:
+            add(
+                f"chat/{name}/{kind}",
+                f"a chat body ({name}) to a {kind} decode worker",
+                body,
+                workers=[kind],
+                response=chat_reply,
+            )
+        add(
+            f"chat/{name}/lm_only/mrope",
+            f"{name}, an M-RoPE model, an LM-only worker",
+            body,
+            mrope=True,
+            response=chat_reply,
+        )
+    add(
+        "chat/image/pool",
+        "an M-RoPE image to a pool: the vision worker is chosen",
+        bodies["image"],
+        workers=["lm_only", "vision"],
+        mrope=True,
+        response=chat_reply,
+    )
+    add(
+        "chat/image/nothing_returned",
+        "the prefill returned no KV parameters: 502",
+        bodies["image"],
+        response={"prompt_token_ids": ids, "kv_transfer_params": None},
+    )
+    add(
+        "chat/text/nothing_returned",
+        "text recomputes without KV parameters",
+        bodies["text"],
+        response={"prompt_token_ids": ids},
+    )
+    add(
+        "chat/image/no_ids",
+        "a prefill that ignores return_token_ids",
+        bodies["image"],
+        response={"kv_transfer_params": _RETURNED},
+    )
+    for mode in (
+        {"mode": "passthrough"},
+        {"mode": "mooncake", "engine_id": "p0", "bootstrap_host": "10.0.0.1"},
+        {"mode": "mooncake", "bootstrap_host": "10.0.0.1"},
+    ):
+        label = "_".join(str(v) for v in mode.values())
+        add(
+            f"chat/image/{label}",
+            f"the handoff under {label}",
+            bodies["image"],
+            prefill_kv=mode,
+            response={"prompt_token_ids": ids},
+        )
+    completions = {"model": "m", "prompt": "Once upon a time", "max_tokens": 5}
+    for kind in ("lm_only", "vision"):
+        add(
+            f"completions/text/{kind}",
+            "completions take token ids",
+            completions,
+            route=Route.COMPLETIONS.value,
+            workers=[kind],
+            response={"choices": [{"prompt_token_ids": ids}], "kv_transfer_params": _RETURNED},
+        )
+    malformed: dict[str, Any] = {
+        "salt_slash": _chat(_IMAGE, cache_salt="tenant/a"),
+        "salt_long": _chat(_IMAGE, cache_salt="x" * 129),
+        "salt_empty": _chat(_IMAGE, cache_salt=""),
+        "echo_with_media": _chat(_IMAGE, echo=True),
+        "prompt_embeds": _chat({"type": "prompt_embeds", "data": "AAAA"}),
+        "unknown_part": _chat({"type": "hologram"}),
+        "no_messages": {"model": "m"},
+        "n_zero": _chat(_IMAGE, n=0),
+        "not_an_object": [1, 2],
+    }
+    for name, body in malformed.items():
+        add(f"malformed/{name}", "a body the proxy refuses, naming the field", body)
+    add(
+        "malformed/completions_batch",
+        "one prompt per request",
+        {"prompt": ["a", "b"]},
+        route=Route.COMPLETIONS.value,
+    )
+    return cases
+
+
+def build() -> dict[str, Any]:
+    """The whole document: every case with its expected outcome."""
+    cases = _cases()
+    for case in cases:
+        case["expected"] = run_case(case)
+    return {"format": FORMAT, "version": VERSION, "cases": cases}
+
+
+def dumps(document: Mapping[str, Any]) -> str:
+    """The canonical text of a document: the same data, the same bytes."""
+    return json.dumps(document, indent=1, sort_keys=True, ensure_ascii=True) + "\n"
+
+
+def run(document: Mapping[str, Any]) -> dict[str, Any]:
+    """This implementation's results for a vectors document."""
+    results = [{"id": c["id"], "outcome": run_case(c)} for c in document["cases"]]
+    return {"format": f"{FORMAT}-results", "version": VERSION, "results": results}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``write FILE``: the set; ``run FILE``: this implementation's results, to stdout."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or args[0] not in {"write", "run"}:
+        print("usage: python -m pd_policy_vllm.http.vectors write|run FILE", file=sys.stderr)
+        return 2
+    command, path = args
+    if command == "write":
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(dumps(build()))
+        return 0
+    with open(path, encoding="utf-8") as source:
+        print(dumps(run(json.load(source))), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
