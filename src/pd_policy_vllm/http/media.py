@@ -12,14 +12,14 @@ vLLM's, and a part this module cannot place is refused, never left in.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import attrs
 
 from pd_policy import MalformedRequest, Modality
+
+from .codec import sha256_identity
 
 __all__ = ["TEXT_PART_TYPES", "MediaPart", "media_parts", "without_media"]
 
@@ -80,8 +80,7 @@ def _identity(part: Mapping[str, Any]) -> str:
     uuid = part.get("uuid")
     if uuid is not None:
         return str(uuid)
-    canonical = json.dumps(part, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+    return sha256_identity(part)
 
 
 def _messages(body: Mapping[str, Any]) -> Sequence[Any]:
@@ -91,14 +90,7 @@ def _messages(body: Mapping[str, Any]) -> Sequence[Any]:
     return messages
 
 
-def media_parts(body: Mapping[str, Any]) -> tuple[MediaPart, ...]:
-    """Every media part of a chat body's ``messages``, in order.
-
-    Raises :class:`~pd_policy.MalformedRequest` (400, ``param`` naming the
-    part) for messages that are not a list of objects, and for a part that is
-    neither text nor one kind of media (``prompt_embeds`` included: a decode
-    leg could not keep it and stay text).
-    """
+def _media(body: Mapping[str, Any]) -> list[tuple[int, int, Modality, dict[str, Any]]]:
     found = []
     for m, message in enumerate(_messages(body)):
         if not isinstance(message, dict):
@@ -111,15 +103,26 @@ def media_parts(body: Mapping[str, Any]) -> tuple[MediaPart, ...]:
             if not isinstance(part, dict):
                 raise MalformedRequest("a content part must be an object", param=where)
             if not _is_text(part):
-                found.append(MediaPart(m, p, _modality(part, where), _identity(part)))
-    return tuple(found)
+                found.append((m, p, _modality(part, where), part))
+    return found
+
+
+def media_parts(body: Mapping[str, Any]) -> tuple[MediaPart, ...]:
+    """Every media part of a chat body's ``messages``, in order.
+
+    Raises :class:`~pd_policy.MalformedRequest` (400, ``param`` naming the
+    part) for messages that are not a list of objects, and for a part that is
+    neither text nor one kind of media (``prompt_embeds`` included: a decode
+    leg could not keep it and stay text).
+    """
+    return tuple(MediaPart(m, p, kind, _identity(part)) for m, p, kind, part in _media(body))
 
 
 def without_media(body: Mapping[str, Any]) -> list[Any]:
     """``messages`` with every media part removed; text parts, roles, tool calls and every
     other field kept. A message whose content were only media keeps an empty string.
     Raises as :func:`media_parts` does."""
-    media_parts(body)  # refuses what cannot be placed
+    _media(body)  # refuses what cannot be placed
     out = []
     for message in _messages(body):
         content = message.get("content")

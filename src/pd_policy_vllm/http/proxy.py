@@ -19,7 +19,6 @@ request whose client is gone.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 from typing import Any, Final
@@ -35,6 +34,7 @@ from pd_policy import (
     WorkerStreamError,
 )
 
+from .codec import dumps, loads
 from .legs import Leg
 from .plan import decode_leg, plan_request
 from .request import Route
@@ -45,6 +45,7 @@ __all__ = ["REQUEST_ID_HEADER", "Proxy"]
 #: The header vLLM takes a request's id from; both legs of a request carry the same.
 REQUEST_ID_HEADER: Final = "X-Request-Id"
 _SESSION: Final = web.AppKey("session", aiohttp.ClientSession)
+_JSON: Final = "application/json"
 
 
 def _error_response(error: PolicyError) -> web.Response:
@@ -122,10 +123,7 @@ class Proxy:
     async def _serve(self, request: web.Request, route: Route) -> web.StreamResponse:
         request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         try:
-            try:
-                body = await request.json()
-            except json.JSONDecodeError:
-                raise MalformedRequest("the body is not JSON", param="body") from None
+            body = loads(await request.read())  # not an object: plan_request refuses it
             leg = await self._legs(request.app[_SESSION], body, route, request_id)
         except PolicyError as exc:
             return _error_response(exc)
@@ -158,26 +156,35 @@ class Proxy:
     ) -> Any:
         try:
             async with session.post(
-                worker.url + path, json=body, headers={REQUEST_ID_HEADER: request_id}
+                worker.url + path,
+                data=dumps(body),
+                headers={REQUEST_ID_HEADER: request_id, "Content-Type": _JSON},
             ) as response:
                 if response.status != 200:
                     raise await _worker_error(name, response)
-                return await response.json()
+                raw = await response.read()
         except aiohttp.ClientError as exc:
             raise WorkerFailedToStart(name, detail=str(exc), http_status=503) from exc
+        try:
+            return loads(raw, what=f"the {name} response")
+        except MalformedRequest as exc:
+            raise WorkerStreamError(name, detail=exc.message, http_status=502) from None
 
     async def _decode(
         self, request: web.Request, worker: HttpWorker, leg: Leg, request_id: str, *, stream: bool
     ) -> web.StreamResponse:
         session = request.app[_SESSION]
-        headers = {REQUEST_ID_HEADER: request_id}
+        headers = {REQUEST_ID_HEADER: request_id, "Content-Type": _JSON}
         out: web.StreamResponse | None = None
         try:
-            async with session.post(worker.url + leg.route, json=leg.body, headers=headers) as up:
+            async with session.post(
+                worker.url + leg.route, data=dumps(leg.body), headers=headers
+            ) as up:
                 if up.status != 200:
                     return _error_response(await _worker_error("decode", up))
                 if not stream:
-                    return web.json_response(await up.json())
+                    # The worker's answer is the client's, byte for byte: no parse, no dump.
+                    return web.Response(body=await up.read(), content_type=_JSON)
                 out = web.StreamResponse(
                     headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
                 )
@@ -191,8 +198,8 @@ class Proxy:
             if out is None:
                 return _error_response(error)
             # Mid-stream: the status line is gone, so the error is the stream's last event.
-            event = json.dumps(error.to_body(), separators=(",", ":"))
-            await out.write(f"data: {event}\n\ndata: [DONE]\n\n".encode())
+            event = dumps(error.to_body())
+            await out.write(b"data: " + event + b"\n\ndata: [DONE]\n\n")
         assert out is not None
         await out.write_eof()
         return out
