@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo demo-live test lint typecheck pytest docs docs-tables bench vectors clean
+.PHONY: demo demo-live demo-http test lint typecheck pytest docs docs-tables bench vectors clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ demo: $(VENV)/.core
 # Optional: live P/D on this CPU with tiny local models (builds the vLLM venv first).
 demo-live: $(VENV)/.test
 	$(PY) examples/live_pd.py
+
+# Optional: the HTTP proxy in front of three real `vllm serve` workers (about two minutes).
+demo-http: $(VENV)/.test
+	$(PY) examples/live_http.py
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check src tests bench examples
