@@ -28,7 +28,7 @@ def test_they_reach_every_http_form_and_refusal() -> None:
     document = json.loads(COMMITTED.read_text(encoding="utf-8"))
     outcomes = [c["expected"] for c in document["cases"]]
     forms = {o["form"] for o in outcomes if o["status"] == 200}
-    assert forms == {f.value for f in DecodeForm} - {DecodeForm.MROPE_METADATA.value}
+    assert forms == {f.value for f in DecodeForm}
     codes = {o["error_code"] for o in outcomes if o["status"] != 200}
     assert codes >= {
         "pd_invalid_request",
@@ -49,6 +49,14 @@ def test_they_reach_every_http_form_and_refusal() -> None:
         assert all(p["type"] == "text" for p in parts)
         if case["body"].get("n", 1) == 1:
             assert body["kv_transfer_params"]["prompt_token_ids"]
+    # A metadata leg goes to generate with the grids and no pixels; its prefill got them.
+    metadata = [c for c in document["cases"] if c["expected"].get("form") == "mrope_metadata"]
+    assert len(metadata) >= 4
+    for case in metadata:
+        outcome = case["expected"]
+        assert outcome["decode_leg"]["route"] == "/inference/v1/generate"
+        assert "PIXELS" not in json.dumps(outcome["decode_leg"]) and "GRID" in json.dumps(outcome)
+        assert "PIXELS" in json.dumps(outcome["prefill_leg"])
 
 
 def test_the_command_writes_and_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,12 +22,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
+import attrs
 from aiohttp import web
 from aiohttp.log import access_logger
 
 from pd_policy import InvalidConfiguration, KvConnectorMode, PrefillKv, Support, WorkerCapability
 
 from .proxy import Proxy
+from .scale_out import DERENDER, RENDER
 from .workers import HttpWorker, capability_from_config, prefill_kv_from_config
 
 __all__ = ["main", "read_workers"]
@@ -56,17 +58,29 @@ async def _server_info(session: aiohttp.ClientSession, url: str, deadline: float
             await asyncio.sleep(1)
 
 
+async def _scale_out(session: aiohttp.ClientSession, url: str, route: str) -> bool:
+    """Whether the worker serves vLLM's scale-out ``route``: without --enable-scale-out it
+    answers every such route 403, and a server without the route 404; with it, an
+    empty body is a validation error (400 or 422)."""
+    async with session.post(url + route, json={}) as response:
+        return response.status in (400, 422)
+
+
 async def read_workers(args: argparse.Namespace) -> tuple[HttpWorker, list[HttpWorker]]:
     """The prefill and decode workers, as their servers describe them or the flags say.
 
-    Raises :class:`~pd_policy.InvalidConfiguration` when neither says what the
-    proxy needs: the prefill's KV connector, or (with a language-model-only
-    decode worker) whether the model uses M-RoPE.
+    A decode worker takes M-RoPE metadata only when its configuration (or the flag)
+    says so and both it and the prefill serve vLLM's scale-out routes, which the
+    metadata path takes. Raises :class:`~pd_policy.InvalidConfiguration` when
+    neither says what the proxy needs: the prefill's KV connector, or (with a
+    language-model-only decode worker) whether the model uses M-RoPE.
     """
     deadline = time.monotonic() + args.startup_timeout
     async with aiohttp.ClientSession() as session:
         prefill_config = await _server_info(session, args.prefill, deadline)
         decode_configs = [await _server_info(session, url, deadline) for url in args.decode]
+        renders = await _scale_out(session, args.prefill, RENDER)
+        derenders = [await _scale_out(session, url, DERENDER) for url in args.decode]
     mode = KvConnectorMode(args.kv_mode) if args.kv_mode else None
     if prefill_config is not None:
         kv = prefill_kv_from_config(
@@ -82,7 +96,7 @@ async def read_workers(args: argparse.Namespace) -> tuple[HttpWorker, list[HttpW
         host = args.prefill.split("//")[-1].split(":")[0]
         kv = PrefillKv(mode, bootstrap_host=host, bootstrap_port=args.bootstrap_port or 8998)
     decode = []
-    for url, config in zip(args.decode, decode_configs, strict=True):
+    for url, config, derender in zip(args.decode, decode_configs, derenders, strict=True):
         if config is not None:
             capability = capability_from_config(config)
         elif args.decode_capability:
@@ -90,8 +104,15 @@ async def read_workers(args: argparse.Namespace) -> tuple[HttpWorker, list[HttpW
         else:
             logger.warning("%s does not describe itself: its capability is unknown", url)
             capability = WorkerCapability()
-        decode.append(HttpWorker(url, capability))
-    return HttpWorker(args.prefill, kv=kv), decode
+        if capability.takes_mm_metadata and not (renders and derender):
+            logger.warning(
+                "%s takes M-RoPE metadata, but the metadata path needs --enable-scale-out on "
+                "it and on the prefill: it is served as language-model-only without it",
+                url,
+            )
+            capability = attrs.evolve(capability, accepts_mm_metadata=Support.FALSE)
+        decode.append(HttpWorker(url, capability, renders=derender))
+    return HttpWorker(args.prefill, kv=kv, renders=renders), decode
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -30,16 +30,19 @@ from pd_policy import (
 from .codec import token_ids
 from .media import without_media
 from .request import Route
+from .scale_out import Derender
 
 __all__ = ["Leg", "PrefillReply", "decode_body", "prefill_body", "read_prefill"]
 
 
 @attrs.frozen(slots=True)
 class Leg:
-    """An HTTP leg: the route to send it to, and its JSON body."""
+    """An HTTP leg: the route to send it to, and its JSON body; for a leg whose output is
+    tokens (the metadata path), how to derender it for the client."""
 
     route: str
     body: dict[str, Any]
+    derender: Derender | None = None
 
 
 def prefill_body(body: Mapping[str, Any], route: Route, handoff: KvHandoff) -> dict[str, Any]:

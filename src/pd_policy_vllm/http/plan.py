@@ -1,11 +1,17 @@
-"""One HTTP request's P/D, as two pure steps around the prefill call.
+"""One HTTP request's P/D, as pure steps around the calls to the workers.
 
 :func:`plan_request` runs everything the policy decides before prefill: the
 body as the policy sees it, the decode worker, the form, the handoff, and the
 prefill leg. :func:`decode_leg` runs everything after, from what the prefill
 answered: the relay, the handoff check, and the decode leg. The proxy does
-its I/O between them; any other proxy can call the same two functions, and the
+its I/O between them; any other proxy can call the same functions, and the
 conformance vectors do.
+
+An M-RoPE image request whose decode worker takes the image's metadata
+(``MROPE_METADATA``) takes one more step, when the prefill worker serves
+vLLM's render route: the plan then holds the render leg and no prefill leg,
+and :func:`plan_rendered` turns the render's answer into the prefill leg
+(see :mod:`~pd_policy_vllm.http.scale_out`).
 """
 
 from __future__ import annotations
@@ -16,14 +22,19 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from pd_policy import (
+    MROPE_GRID_KEYS,
     DecodeCandidate,
     DecodeForm,
     KvHandoff,
+    PayloadLocation,
+    PlaceholderRange,
     PrefillKv,
     Request,
+    WorkerStreamError,
     apply_kv_handoff,
     build_decode_leg,
     ensure_kv_handoff,
+    has_mrope_grids,
     plan_kv_handoff,
     relay_kv,
     select_decode_workers,
@@ -31,8 +42,17 @@ from pd_policy import (
 
 from .legs import Leg, decode_body, prefill_body, read_prefill
 from .request import Route, policy_request
+from .scale_out import (
+    GENERATE,
+    Derender,
+    Rendered,
+    metadata_decode_body,
+    prefill_generate_body,
+    read_render,
+    rendered_request,
+)
 
-__all__ = ["Plan", "decode_leg", "plan_request"]
+__all__ = ["Plan", "decode_leg", "plan_rendered", "plan_request"]
 
 T = TypeVar("T")
 
@@ -51,8 +71,33 @@ class Plan(Generic[T]):
     #: The core's decode leg, carrying what the handoff sends up front.
     leg: Request
     handoff: KvHandoff
-    #: The prefill leg's body, or ``None`` when no prefill runs (n>1).
+    #: The prefill leg's body, or ``None`` when no prefill runs (n>1) or it waits for the
+    #: render.
     prefill: dict[str, Any] | None
+    #: The route the prefill leg goes to.
+    prefill_route: str
+    #: The render leg's body (to the prefill worker's :data:`~.scale_out.RENDER`), when the
+    #: metadata path needs it first; else ``None``.
+    render: dict[str, Any] | None = None
+    #: What the render answered, once it has.
+    rendered: Rendered | None = None
+
+
+def _as_rendered(request: Request) -> Request:
+    # The request as the render will return it: ids, a placeholder per item and inline
+    # grids. Only its shape matters here, so the ids are zeros: it decides the form and
+    # the worker exactly as the rendered request will, before any worker is called.
+    batches, offset = [], 0
+    for batch in request.batches:
+        count = len(batch.mm_hashes)
+        places = [PlaceholderRange(offset + i, 1) for i in range(count)]
+        offset += count
+        tensors = tuple(
+            attrs.evolve(t, location=PayloadLocation.INLINE) if t.name in MROPE_GRID_KEYS else t
+            for t in batch.tensors
+        )
+        batches.append(attrs.evolve(batch, placeholders=places, tensors=tensors))
+    return request.derive(input_ids=(0,) * max(offset, 1), text=None, batches=batches)
 
 
 def plan_request(
@@ -64,31 +109,75 @@ def plan_request(
     mrope: bool,
     request_id: str,
     transfer_id: str | None = None,
+    renders: bool = False,
 ) -> Plan[T]:
     """Decide everything before prefill. Raises every refusal the policy can make then:
     malformed bodies, the carve-outs, no decode worker (a typed
-    :class:`~pd_policy.PolicyError`). ``transfer_id`` fixes a Mooncake mint."""
+    :class:`~pd_policy.PolicyError`). ``transfer_id`` fixes a Mooncake mint.
+
+    ``renders``: the prefill worker serves the render route. Without it, an M-RoPE
+    image request has no metadata path, and a language-model-only decode worker is
+    refused for it (``pd_decode_language_model_only_mrope``, naming ``input_ids``).
+    """
     request = policy_request(body, route, request_id=request_id, mrope=mrope)
-    chosen = select_decode_workers(request, candidates)[0]
-    form, leg = build_decode_leg(request, chosen.worker)
+    decided = request
+    if renders and route is Route.CHAT and has_mrope_grids(request):
+        decided = _as_rendered(request)
+    chosen = select_decode_workers(decided, candidates)[0]
+    form, leg = build_decode_leg(decided, chosen.worker)
     handoff = plan_kv_handoff(kv, n=request.n, transfer_id=transfer_id)
+    if form is DecodeForm.MROPE_METADATA:
+        # The leg is rebuilt from the render's answer (plan_rendered).
+        return Plan(route, body, request, chosen, form, leg, handoff, None, GENERATE, dict(body))
+    if decided is not request:
+        form, leg = build_decode_leg(request, chosen.worker)
     leg = apply_kv_handoff(leg, handoff)
     prefill = prefill_body(body, route, handoff) if handoff.runs_prefill else None
-    return Plan(route, body, request, chosen, form, leg, handoff, prefill)
+    return Plan(route, body, request, chosen, form, leg, handoff, prefill, route.value)
+
+
+def plan_rendered(plan: Plan[T], render_response: Mapping[str, Any]) -> Plan[T]:
+    """The plan once the render answered: the request as rendered, its decode leg, and the
+    prefill leg (the rendered request, to :data:`~.scale_out.GENERATE`). Raises a
+    ``prefill_stream_error`` (502) for a render that does not say what the decode leg
+    needs (:func:`~.scale_out.read_render`)."""
+    if plan.render is None:
+        raise ValueError("this plan has no render leg")
+    rendered = read_render(render_response)
+    request = rendered_request(plan.request, rendered)
+    form, leg = build_decode_leg(request, plan.decode.worker)
+    if form is not plan.form:
+        raise ValueError(f"the rendered request decided {form.name}, not {plan.form.name}")
+    leg = apply_kv_handoff(leg, plan.handoff)
+    prefill = prefill_generate_body(rendered, plan.handoff)
+    return attrs.evolve(
+        plan, request=request, leg=leg, prefill=prefill, render=None, rendered=rendered
+    )
 
 
 def decode_leg(plan: Plan[Any], prefill_response: Mapping[str, Any] | None) -> Leg:
     """The decode leg, from the prefill's (non-streaming) response, ``None`` when no prefill
     ran. Raises :class:`~pd_policy.MissingKvTransferParams` (502) for a stripped image leg
     the prefill handed nothing for, and a ``prefill_stream_error`` (502) for a response
-    that does not say what the leg needs."""
+    that does not say what the leg needs, or whose ids are not the rendered ones."""
+    if plan.render is not None:
+        raise ValueError("the plan waits for its render (plan_rendered)")
     reply = None
     leg = plan.leg
     if plan.prefill is not None:
         if prefill_response is None:
             raise ValueError("a plan with a prefill leg needs the prefill's response")
-        reply = read_prefill(prefill_response, plan.route)
+        # A generate response has its ids at the top level, as a chat response does.
+        reply = read_prefill(prefill_response, Route.CHAT if plan.rendered else plan.route)
+        if plan.rendered is not None and reply.prompt_token_ids != plan.rendered.token_ids:
+            raise WorkerStreamError(
+                "prefill", "", "the prefill's prompt ids are not the rendered ones",
+                http_status=502,
+            )  # fmt: skip
         if plan.handoff.relays:
             leg = relay_kv(leg, reply.kv_transfer_params)
     ensure_kv_handoff(plan.request, plan.form, leg)
+    if plan.rendered is not None:
+        body = metadata_decode_body(plan.rendered, leg)
+        return Leg(GENERATE, body, Derender.for_request(plan.body, plan.rendered))
     return decode_body(plan.body, plan.route, plan.form, leg, reply)

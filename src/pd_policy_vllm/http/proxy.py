@@ -28,37 +28,21 @@ from aiohttp import web
 
 from pd_policy import (
     DecodeCandidate,
-    MalformedRequest,
     PolicyError,
     WorkerFailedToStart,
-    WorkerStreamError,
 )
 
-from .codec import dumps, loads
+from .codec import loads
 from .legs import Leg
-from .plan import decode_leg, plan_request
+from .plan import decode_leg, plan_rendered, plan_request
+from .relay import REQUEST_ID_HEADER, error_response, post_json, relay_decode
 from .request import Route
+from .scale_out import RENDER
 from .workers import HttpWorker
 
 __all__ = ["REQUEST_ID_HEADER", "Proxy"]
 
-#: The header vLLM takes a request's id from; both legs of a request carry the same.
-REQUEST_ID_HEADER: Final = "X-Request-Id"
 _SESSION: Final = web.AppKey("session", aiohttp.ClientSession)
-_JSON: Final = "application/json"
-
-
-def _error_response(error: PolicyError) -> web.Response:
-    return web.json_response(error.to_body(), status=error.status, headers=error.headers())
-
-
-async def _worker_error(leg: str, response: aiohttp.ClientResponse) -> WorkerFailedToStart:
-    # The worker's own message (vLLM's OpenAI error body), without its request body.
-    try:
-        detail = str((await response.json())["error"]["message"])
-    except Exception:
-        detail = (await response.text())[:500]
-    return WorkerFailedToStart(leg, detail=detail, http_status=response.status)
 
 
 class Proxy:
@@ -112,7 +96,8 @@ class Proxy:
             async with session.get(f"{self.prefill.url}/v1/models") as response:
                 return web.json_response(await response.json(), status=response.status)
         except aiohttp.ClientError as exc:
-            return _error_response(WorkerFailedToStart("prefill", detail=str(exc), http_status=503))
+            error = WorkerFailedToStart("prefill", detail=str(exc), http_status=503)
+            return error_response(error)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, Route.CHAT)
@@ -122,84 +107,30 @@ class Proxy:
 
     async def _serve(self, request: web.Request, route: Route) -> web.StreamResponse:
         request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        session = request.app[_SESSION]
         try:
             body = loads(await request.read())  # not an object: plan_request refuses it
-            leg = await self._legs(request.app[_SESSION], body, route, request_id)
+            worker, leg = await self._legs(session, body, route, request_id)
         except PolicyError as exc:
-            return _error_response(exc)
-        worker, decode = leg
-        return await self._decode(
-            request, worker, decode, request_id, stream=bool(body.get("stream"))
-        )
+            return error_response(exc)
+        stream = bool(body.get("stream"))
+        return await relay_decode(request, session, worker.url, leg, request_id, stream=stream)
 
     async def _legs(
         self, session: aiohttp.ClientSession, body: Any, route: Route, request_id: str
     ) -> tuple[HttpWorker, Leg]:
         plan = plan_request(
-            body, route, self.candidates, self.prefill.kv, mrope=self.mrope, request_id=request_id
-        )
+            body, route, self.candidates, self.prefill.kv, mrope=self.mrope,
+            request_id=request_id, renders=self.prefill.renders,
+        )  # fmt: skip
+        prefill = self.prefill.url
+        if plan.render is not None:
+            rendered = await post_json(
+                session, "prefill", prefill + RENDER, plan.render, request_id
+            )
+            plan = plan_rendered(plan, rendered)
         response = None
         if plan.prefill is not None:
-            response = await self._post(
-                session, "prefill", self.prefill, route.value, plan.prefill, request_id
-            )
+            url = prefill + plan.prefill_route
+            response = await post_json(session, "prefill", url, plan.prefill, request_id)
         return plan.decode.handle, decode_leg(plan, response)
-
-    async def _post(
-        self,
-        session: aiohttp.ClientSession,
-        name: str,
-        worker: HttpWorker,
-        path: str,
-        body: dict[str, Any],
-        request_id: str,
-    ) -> Any:
-        try:
-            async with session.post(
-                worker.url + path,
-                data=dumps(body),
-                headers={REQUEST_ID_HEADER: request_id, "Content-Type": _JSON},
-            ) as response:
-                if response.status != 200:
-                    raise await _worker_error(name, response)
-                raw = await response.read()
-        except aiohttp.ClientError as exc:
-            raise WorkerFailedToStart(name, detail=str(exc), http_status=503) from exc
-        try:
-            return loads(raw, what=f"the {name} response")
-        except MalformedRequest as exc:
-            raise WorkerStreamError(name, detail=exc.message, http_status=502) from None
-
-    async def _decode(
-        self, request: web.Request, worker: HttpWorker, leg: Leg, request_id: str, *, stream: bool
-    ) -> web.StreamResponse:
-        session = request.app[_SESSION]
-        headers = {REQUEST_ID_HEADER: request_id, "Content-Type": _JSON}
-        out: web.StreamResponse | None = None
-        try:
-            async with session.post(
-                worker.url + leg.route, data=dumps(leg.body), headers=headers
-            ) as up:
-                if up.status != 200:
-                    return _error_response(await _worker_error("decode", up))
-                if not stream:
-                    # The worker's answer is the client's, byte for byte: no parse, no dump.
-                    return web.Response(body=await up.read(), content_type=_JSON)
-                out = web.StreamResponse(
-                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-                )
-                await out.prepare(request)
-                async for chunk in up.content.iter_any():
-                    # A client gone mid-stream raises here (or cancels this task): leaving
-                    # the block closes the upstream connection, and vLLM aborts the request.
-                    await out.write(chunk)
-        except aiohttp.ClientError as exc:
-            error = WorkerStreamError("decode", detail=str(exc), http_status=502)
-            if out is None:
-                return _error_response(error)
-            # Mid-stream: the status line is gone, so the error is the stream's last event.
-            event = dumps(error.to_body())
-            await out.write(b"data: " + event + b"\n\ndata: [DONE]\n\n")
-        assert out is not None
-        await out.write_eof()
-        return out

@@ -27,13 +27,13 @@ from pd_policy import (
     worker_from_json,
 )
 
-from .plan import decode_leg, plan_request
+from .plan import decode_leg, plan_rendered, plan_request
 from .request import Route
 
 __all__ = ["FORMAT", "VERSION", "build", "dumps", "run", "run_case"]
 
 FORMAT: Final = "pd-policy-http-vectors"
-VERSION: Final = 1
+VERSION: Final = 2
 
 _WORKERS: Final = {
     "vision": {"supports_vision": True},
@@ -50,22 +50,46 @@ def run_case(case: Mapping[str, Any]) -> dict[str, Any]:
     """This implementation's outcome for one case."""
     candidates = [DecodeCandidate(worker_from_json(w), i) for i, w in enumerate(case["workers"])]
     spec = dict(case["prefill_kv"])
+    outcome: dict[str, Any] = {"status": 200}
     try:
         kv = PrefillKv(KvConnectorMode(spec.pop("mode")), **spec)
         plan = plan_request(
             case["body"], Route(case["route"]), candidates, kv, mrope=case["mrope"],
-            request_id="vector", transfer_id="xfer-0001",
+            request_id="vector", transfer_id="xfer-0001", renders=case.get("renders", False),
         )  # fmt: skip
+        if plan.render is not None:
+            outcome["render_leg"] = plan.render
+            plan = plan_rendered(plan, case["render_response"])
         leg = decode_leg(plan, case.get("prefill_response") if plan.prefill is not None else None)
     except PolicyError as exc:
         return {"status": exc.status, "error_code": exc.code, "error_param": exc.param}
+    decode: dict[str, Any] = {"route": leg.route, "body": leg.body}
+    if leg.derender is not None:
+        decode["derender"] = {"route": leg.derender.route, **leg.derender.template}
     return {
-        "status": 200,
+        **outcome,
         "form": plan.form.value,
         "decode_worker": plan.decode.handle,
         "prefill_leg": plan.prefill,
-        "decode_leg": {"route": leg.route, "body": leg.body},
+        "prefill_route": plan.prefill_route,
+        "decode_leg": decode,
     }
+
+
+def _render(images: int, ids: list[int]) -> dict[str, Any]:
+    # What vLLM's render route answers: per image a hash, a placeholder, the whole
+    # processed item (pixels and grid) and its metadata-only item (the grid).
+    return {
+        "request_id": "chatcmpl-vector", "token_ids": ids, "model": "m", "stream": False,
+        "sampling_params": {"max_tokens": 16, "temperature": 0.0}, "cache_salt": None,
+        "features": {
+            "mm_hashes": {"image": [f"{i:064x}" for i in range(1, images + 1)]},
+            "mm_placeholders": {"image": [{"offset": 3 + 8 * i, "length": 8}
+                                          for i in range(images)]},
+            "kwargs_data": {"image": [f"PIXELS-AND-GRID-{i}" for i in range(images)]},
+            "mm_metadata": {"image": [f"GRID-{i}" for i in range(images)]},
+        },
+    }  # fmt: skip
 
 
 def _chat(*parts: Any, **extra: Any) -> dict[str, Any]:
@@ -87,6 +111,7 @@ def _cases() -> list[dict[str, Any]]:
         prefill_kv: Mapping[str, Any] = nixl,
         mrope: bool = False,
         response: Any = None,
+        render: Any = None,
     ) -> None:
         case: dict[str, Any] = {
             "id": case_id,
@@ -99,6 +124,8 @@ def _cases() -> list[dict[str, Any]]:
         }
         if response is not None:
             case["prefill_response"] = response
+        if render is not None:
+            case.update(renders=True, render_response=render)
         cases.append(case)
 
     ids = list(range(100, 140))
@@ -143,6 +170,29 @@ def _cases() -> list[dict[str, Any]]:
         mrope=True,
         response=chat_reply,
     )
+    # The metadata path: the prefill worker renders; the decode leg goes to generate.
+    for name, count in (("image", 1), ("two_images", 2), ("image_salted", 1),
+                        ("image_streamed", 1)):  # fmt: skip
+        rendered = _render(count, ids)
+        add(
+            f"chat/{name}/lm_only_metadata/mrope/rendered",
+            f"{name}, an M-RoPE model, a worker that takes metadata, a prefill that renders",
+            bodies[name], workers=["lm_only", "lm_only_metadata"], mrope=True,
+            response={"prompt_token_ids": ids, "kv_transfer_params": _RETURNED}, render=rendered,
+        )  # fmt: skip
+    broken = _render(2, ids)
+    broken["features"]["mm_metadata"]["image"][1] = None
+    for case_id, description, body, response, render in (
+        ("unrendered", "a prefill without the render route: refused", bodies["image"], None, None),
+        ("n2", "n>1: no handoff, so no metadata path", bodies["image_n2"], None, _render(1, ids)),
+        ("no_grid", "a render without an image's grid: 502", bodies["two_images"], None, broken),
+        ("nothing_returned", "no KV parameters returned: 502", bodies["image"],
+         {"prompt_token_ids": ids, "kv_transfer_params": None}, _render(1, ids)),
+        ("other_ids", "prefill ids that are not the rendered ones: 502", bodies["image"],
+         {"prompt_token_ids": ids[1:], "kv_transfer_params": _RETURNED}, _render(1, ids)),
+    ):  # fmt: skip
+        add(f"chat/image/lm_only_metadata/mrope/{case_id}", description, body,
+            workers=["lm_only_metadata"], mrope=True, response=response, render=render)  # fmt: skip
     add(
         "chat/image/nothing_returned",
         "the prefill returned no KV parameters: 502",

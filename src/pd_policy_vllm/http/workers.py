@@ -49,6 +49,9 @@ class HttpWorker:
     url: str = attrs.field(converter=_base_url)
     capability: WorkerCapability = attrs.field(factory=WorkerCapability)
     kv: PrefillKv = attrs.field(factory=lambda: PrefillKv(KvConnectorMode.NIXL))
+    #: It serves vLLM's scale-out routes (``--enable-scale-out``): render, generate and
+    #: derender, which the M-RoPE metadata path takes.
+    renders: bool = False
 
 
 def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
