@@ -66,6 +66,7 @@ docs-tables: $(VENV)/.core
 	$(VENV)/bin/pd-policy tables decisions --write docs/decisions.md
 	$(VENV)/bin/pd-policy tables errors --write docs/errors.md
 	$(VENV)/bin/pd-policy tables connectors --write docs/grpc.md
+	$(PY) -m pd_policy_vllm.http.tables --write docs/http.md
 
 clean:
 	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pd_policy import (
     SALT_FOLD_PREFIX,
+    DecodeCandidate,
     DecodeForm,
     KvConnectorMode,
     MalformedRequest,
@@ -38,6 +39,7 @@ from pd_policy_vllm.http import (
     read_prefill,
     without_media,
 )
+from pd_policy_vllm.http.plan import plan_request
 
 LM_ONLY = WorkerCapability(Support.FALSE)
 VISION = WorkerCapability(Support.TRUE)
@@ -217,8 +219,6 @@ def test_the_carve_outs_apply_as_on_grpc() -> None:
         ({"messages": [{"role": "user", "content": "hi"}], "cache_salt": "a/b"}, "cache_salt"),
         ({"messages": [{"role": "user", "content": "hi"}], "cache_salt": "x" * 129}, "cache_salt"),
         ({"messages": [{"role": "user", "content": "hi"}], "cache_salt": ""}, "cache_salt"),
-        ({"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:,A"}}]}], "echo": True}, "echo"),
     ],
 )  # fmt: skip
 def test_bad_bodies_are_typed_400s_naming_the_field(body: dict[str, Any], param: str) -> None:
@@ -226,6 +226,25 @@ def test_bad_bodies_are_typed_400s_naming_the_field(body: dict[str, Any], param:
         policy_request(body, Route.CHAT, request_id="r", mrope=False)
     assert caught.value.status == 400 and caught.value.param == param
     assert "a/b" not in caught.value.message  # a salt is never echoed
+
+
+def test_echo_with_media_is_refused_only_where_the_leg_is_stripped() -> None:
+    # vLLM renders the messages again for echo, ignoring the forwarded ids: a stripped
+    # leg would be answered image-blind. A vision worker's leg keeps the image.
+    image = {"type": "image_url", "image_url": {"url": "data:,A"}}
+    body = {"messages": [{"role": "user", "content": [image]}], "echo": True}
+    text = {"messages": [{"role": "user", "content": "hi"}], "echo": True}
+    kv = PrefillKv(KvConnectorMode.NIXL)
+
+    def plan(request: dict[str, Any], worker: WorkerCapability) -> DecodeForm:
+        candidates = [DecodeCandidate(worker, 0)]
+        return plan_request(request, Route.CHAT, candidates, kv, mrope=False, request_id="r").form
+
+    with pytest.raises(MalformedRequest) as caught:
+        plan(body, LM_ONLY)
+    assert caught.value.param == "echo"
+    assert plan(body, WorkerCapability(Support.TRUE)) is DecodeForm.IDENTITY_ONLY
+    assert plan(text, LM_ONLY) is DecodeForm.TEXT_PLUS_HASHES
 
 
 def test_completions_serve_one_prompt() -> None:

@@ -27,7 +27,9 @@ from tiny_models import TinyModel
 
 from pd_policy_vllm.http.proxy import Proxy
 
-__all__ = ["InProcessProxy", "Sent", "data_url", "http_json", "proxy", "vllm_server"]
+__all__ = [
+    "InProcessProxy", "Sent", "data_url", "http_json", "proxy", "running_requests", "vllm_server"
+]  # fmt: skip
 
 #: The environment of a worker: describe itself, a small KV cache.
 WORKER_ENV: Final = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -55,6 +57,7 @@ def vllm_server(
     *,
     language_model_only: bool = False,
     kv_config: dict[str, Any] | None = None,
+    limits: dict[str, int] | None = None,
     extra: tuple[str, ...] = (),
 ) -> tuple[Server, str]:
     """``vllm serve`` of ``model`` on a free loopback port, not yet started; and its URL."""
@@ -72,7 +75,7 @@ def vllm_server(
     ]  # fmt: skip
     argv += ["--language-model-only"] if language_model_only else []
     if not language_model_only:
-        argv += ["--limit-mm-per-prompt", json.dumps({"image": 1})]
+        argv += ["--limit-mm-per-prompt", json.dumps(limits or {"image": 1})]
     if kv_config is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_config)]
     server = Server(name, argv, logs / f"{name}.log", lambda: _healthy(url), dict(WORKER_ENV))
@@ -87,6 +90,17 @@ def proxy(logs: Path, prefill: str, decode: list[str], *flags: str) -> tuple[Ser
     for worker in decode:
         argv += ["--decode", worker]
     return Server("proxy", argv, logs / "proxy.log", lambda: _healthy(url)), url
+
+
+def running_requests(url: str) -> float:
+    """How many requests the vLLM server at ``url`` is running (its ``/metrics``)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    )
 
 
 def data_url(image: Any) -> str:

@@ -17,7 +17,7 @@ and :func:`plan_rendered` turns the render's answer into the prefill leg
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import attrs
 
@@ -26,6 +26,7 @@ from pd_policy import (
     DecodeCandidate,
     DecodeForm,
     KvHandoff,
+    MalformedRequest,
     PayloadLocation,
     PlaceholderRange,
     PrefillKv,
@@ -55,6 +56,8 @@ from .scale_out import (
 __all__ = ["Plan", "decode_leg", "plan_rendered", "plan_request"]
 
 T = TypeVar("T")
+
+_STRIPPED: Final = frozenset({DecodeForm.TEXT_PLUS_HASHES, DecodeForm.MROPE_METADATA})
 
 
 @attrs.frozen(slots=True)
@@ -112,8 +115,9 @@ def plan_request(
     renders: bool = False,
 ) -> Plan[T]:
     """Decide everything before prefill. Raises every refusal the policy can make then:
-    malformed bodies, the carve-outs, no decode worker (a typed
-    :class:`~pd_policy.PolicyError`). ``transfer_id`` fixes a Mooncake mint.
+    malformed bodies, the carve-outs, no decode worker, and ``echo`` on a request with
+    media whose decode leg is stripped (a typed :class:`~pd_policy.PolicyError`).
+    ``transfer_id`` fixes a Mooncake mint.
 
     ``renders``: the prefill worker serves the render route. Without it, an M-RoPE
     image request has no metadata path, and a language-model-only decode worker is
@@ -125,6 +129,14 @@ def plan_request(
         decided = _as_rendered(request)
     chosen = select_decode_workers(decided, candidates)[0]
     form, leg = build_decode_leg(decided, chosen.worker)
+    if body.get("echo") and request.has_mm_inputs and form in _STRIPPED:
+        # vLLM renders the messages again for echo and ignores the forwarded ids: the
+        # stripped leg would be answered image-blind, with a 200.
+        raise MalformedRequest(
+            "echo cannot be served in P/D for a request with media on a language-model-only "
+            "decode worker",
+            param="echo",
+        )
     handoff = plan_kv_handoff(kv, n=request.n, transfer_id=transfer_id)
     if form is DecodeForm.MROPE_METADATA:
         # The leg is rebuilt from the render's answer (plan_rendered).

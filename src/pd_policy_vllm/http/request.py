@@ -95,9 +95,7 @@ def policy_request(
     that is not an object; a chat body whose messages are not a list of
     objects or hold a part that is neither text nor media; a completions body
     whose ``prompt`` is not one prompt (text or token ids); ``n`` that is not
-    a positive integer; a ``cache_salt`` vLLM would refuse; and ``echo`` on a
-    request with media (vLLM then ignores forwarded prompt ids, and a stripped
-    leg would be answered image-blind).
+    a positive integer; and a ``cache_salt`` vLLM would refuse.
     """
     if not isinstance(body, Mapping):
         raise MalformedRequest("the body must be a JSON object", param="body")
@@ -113,8 +111,4 @@ def policy_request(
             "prompt must be one prompt: a string or a list of token ids", param="prompt"
         )
     parts = media_parts(body)
-    if parts and body.get("echo"):
-        raise MalformedRequest(
-            "echo cannot be served in P/D for a request with media", param="echo"
-        )
     return Request(request_id, text="", batches=_batches(parts, mrope), n=n, cache_salt=salt)

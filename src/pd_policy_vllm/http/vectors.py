@@ -30,7 +30,7 @@ from pd_policy import (
 from .plan import decode_leg, plan_rendered, plan_request
 from .request import Route
 
-__all__ = ["FORMAT", "VERSION", "build", "dumps", "run", "run_case"]
+__all__ = ["FORMAT", "VERSION", "build", "dumps", "render_answer", "run", "run_case"]
 
 FORMAT: Final = "pd-policy-http-vectors"
 VERSION: Final = 2
@@ -76,9 +76,9 @@ def run_case(case: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _render(images: int, ids: list[int]) -> dict[str, Any]:
-    # What vLLM's render route answers: per image a hash, a placeholder, the whole
-    # processed item (pixels and grid) and its metadata-only item (the grid).
+def render_answer(images: int, ids: list[int]) -> dict[str, Any]:
+    """A render answer as vLLM's render route gives one: per image a hash, a placeholder,
+    the whole processed item (pixels and grid) and its metadata-only item (the grid)."""
     return {
         "request_id": "chatcmpl-vector", "token_ids": ids, "model": "m", "stream": False,
         "sampling_params": {"max_tokens": 16, "temperature": 0.0}, "cache_salt": None,
@@ -173,23 +173,23 @@ def _cases() -> list[dict[str, Any]]:
     # The metadata path: the prefill worker renders; the decode leg goes to generate.
     for name, count in (("image", 1), ("two_images", 2), ("image_salted", 1),
                         ("image_streamed", 1)):  # fmt: skip
-        rendered = _render(count, ids)
+        rendered = render_answer(count, ids)
         add(
             f"chat/{name}/lm_only_metadata/mrope/rendered",
             f"{name}, an M-RoPE model, a worker that takes metadata, a prefill that renders",
             bodies[name], workers=["lm_only", "lm_only_metadata"], mrope=True,
             response={"prompt_token_ids": ids, "kv_transfer_params": _RETURNED}, render=rendered,
         )  # fmt: skip
-    broken = _render(2, ids)
+    one, broken = render_answer(1, ids), render_answer(2, ids)
     broken["features"]["mm_metadata"]["image"][1] = None
     for case_id, description, body, response, render in (
         ("unrendered", "a prefill without the render route: refused", bodies["image"], None, None),
-        ("n2", "n>1: no handoff, so no metadata path", bodies["image_n2"], None, _render(1, ids)),
+        ("n2", "n>1: no handoff, so no metadata path", bodies["image_n2"], None, one),
         ("no_grid", "a render without an image's grid: 502", bodies["two_images"], None, broken),
         ("nothing_returned", "no KV parameters returned: 502", bodies["image"],
-         {"prompt_token_ids": ids, "kv_transfer_params": None}, _render(1, ids)),
+         {"prompt_token_ids": ids, "kv_transfer_params": None}, one),
         ("other_ids", "prefill ids that are not the rendered ones: 502", bodies["image"],
-         {"prompt_token_ids": ids[1:], "kv_transfer_params": _RETURNED}, _render(1, ids)),
+         {"prompt_token_ids": ids[1:], "kv_transfer_params": _RETURNED}, one),
     ):  # fmt: skip
         add(f"chat/image/lm_only_metadata/mrope/{case_id}", description, body,
             workers=["lm_only_metadata"], mrope=True, response=response, render=render)  # fmt: skip

@@ -9,6 +9,8 @@ where a test reads the legs it sends, in this process with a recording trace.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import time
 import urllib.request
@@ -18,7 +20,7 @@ from typing import Any
 import attrs
 import openai
 import pytest
-from http_peers import InProcessProxy, data_url, http_json, proxy, vllm_server
+from http_peers import InProcessProxy, data_url, http_json, proxy, running_requests, vllm_server
 from live_engines import connector
 from router_side import image
 from servers import running
@@ -26,6 +28,7 @@ from tiny_models import TinyModel
 
 from pd_policy import KvConnectorMode, PrefillKv
 from pd_policy_vllm.http import HttpWorker, capability_from_config, prefill_kv_from_config
+from pd_policy_vllm.http.cli import read_workers
 from pd_policy_vllm.http.proxy import Proxy
 
 _FILLER = " ".join(["describe the red dog on the mat and the blue cat"] * 6)
@@ -104,6 +107,16 @@ def test_the_proxy_reads_each_worker_from_its_server(fleet: Fleet) -> None:
     assert fleet.decode_worker.capability.language_model_only
     assert fleet.decode_worker.capability.takes_mm_metadata  # a KV consumer: 0.32 allows it
     assert fleet.prefill_worker.kv.mode is KvConnectorMode.NIXL  # the TransferConnector
+    # As the proxy reads them at start-up: without --enable-scale-out there is no
+    # metadata path, so the decode worker is served as plainly language-model-only.
+    args = argparse.Namespace(
+        prefill=fleet.prefill, decode=[fleet.decode], kv_mode=None, bootstrap_port=None,
+        decode_capability=None, startup_timeout=30.0,
+    )  # fmt: skip
+    prefill, (decode,) = asyncio.run(read_workers(args))
+    assert not prefill.renders and not decode.renders
+    assert decode.capability.language_model_only and not decode.capability.takes_mm_metadata
+    assert prefill.kv == fleet.prefill_worker.kv
     status, models = http_json(f"{fleet.proxy}/v1/models")
     assert status == 200 and models["data"][0]["id"] == "tiny"
 
@@ -284,16 +297,6 @@ def test_a_prefill_without_kv_parameters_is_a_502_for_an_image_and_recomputes_te
         assert len(live.sent_to(fleet.prefill)) == 1 and live.sent_to(fleet.decode) == []
         got = tokens_of(live.url, chat_body(None, "silent-text"))
     assert got == tokens_of(fleet.baseline, chat_body(None, "silent-text"))
-
-
-def running_requests(url: str) -> float:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:num_requests_running")
-    )
 
 
 def test_a_client_that_disconnects_mid_stream_leaves_nothing_running(fleet: Fleet) -> None:
