@@ -42,7 +42,7 @@ from pd_policy import (
     fold_salt,
     sequential_pd_decode_form,
 )
-from pd_policy.tables import splice
+from pd_policy.tools.tables import splice
 from pd_policy_grpc.wire import common, pb
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The ``pd-policy`` command, run in-process and as ``python -m pd_policy``."""
+"""The ``pd-policy`` command, run in-process and as ``python -m pd_policy.tools``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pd_policy import ERROR_CATALOG, request_to_json
-from pd_policy.cli import main
-from pd_policy.scenarios import SCENARIOS, image_request, mrope_request
+from pd_policy.tools.cli import main
+from pd_policy.tools.scenarios import SCENARIOS, image_request, mrope_request
 
 
 def run(*argv: str) -> tuple[int, str]:
@@ -117,6 +117,9 @@ def test_demo_runs_every_scenario() -> None:
 
 def test_python_dash_m() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "pd_policy", "errors"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "pd_policy.tools", "errors"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert "pd_decode_missing_kv_transfer_params" in done.stdout

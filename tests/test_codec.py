@@ -15,7 +15,7 @@ from pd_policy import (
     worker_from_json,
     worker_to_json,
 )
-from pd_policy.scenarios import image_request, media_ref_request, mrope_request
+from pd_policy.tools.scenarios import image_request, media_ref_request, mrope_request
 
 
 @pytest.mark.parametrize("request_", [image_request(), mrope_request(), media_ref_request()])

@@ -25,7 +25,7 @@ from pd_policy import (
     plan_kv_handoff,
     prefill_leg,
 )
-from pd_policy.scenarios import mrope_request, text_request
+from pd_policy.tools.scenarios import mrope_request, text_request
 from strategies import requests
 
 prefill_kvs = st.builds(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pd_policy.tables import TABLES, splice
+from pd_policy.tools.tables import TABLES, splice
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = {

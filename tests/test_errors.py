@@ -11,14 +11,13 @@ from pd_policy import (
     MissingKvTransferParams,
     MropeOnLanguageModelOnlyDecode,
     PolicyError,
-    PrefillResult,
     Request,
     WorkerFailedToStart,
     WorkerStreamError,
     grpc_status_to_http,
-    plan,
 )
-from pd_policy.scenarios import media_ref_request
+from pd_policy.tools.outcome import PrefillResult, plan
+from pd_policy.tools.scenarios import media_ref_request
 
 CONTRACT = {
     "pd_decode_language_model_only_mrope": 400,

@@ -14,7 +14,6 @@ from pd_policy import (
     MropeOnLanguageModelOnlyDecode,
     NSamplesOnLanguageModelOnlyDecode,
     PayloadLocation,
-    PrefillResult,
     Request,
     Support,
     WorkerCapability,
@@ -23,9 +22,9 @@ from pd_policy import (
     ensure_kv_handoff,
     ensure_language_model_only_leg,
     metadata_only,
-    plan,
     relay_kv,
 )
+from pd_policy.tools.outcome import PrefillResult, plan
 from strategies import kv_objects, metadata_requests
 
 TAKES = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE)

@@ -18,7 +18,6 @@ from pd_policy import (
     MropeOnLanguageModelOnlyDecode,
     NSamplesOnLanguageModelOnlyDecode,
     PolicyError,
-    PrefillResult,
     Request,
     VisionSupport,
     WorkerCapability,
@@ -29,12 +28,12 @@ from pd_policy import (
     fold_salt,
     has_mrope_grids,
     identity_only,
-    plan,
     relay_kv,
     request_from_json,
     request_to_json,
     sequential_pd_decode_form,
 )
+from pd_policy.tools.outcome import PrefillResult, plan
 from strategies import adversarial_text, hashes, kv_objects, requests, workers
 
 LM_ONLY = WorkerCapability(VisionSupport.FALSE)

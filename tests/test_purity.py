@@ -41,3 +41,52 @@ def test_no_core_module_imports_an_adapter_or_a_third_party_package() -> None:
             for name in names:
                 top = name.split(".")[0]
                 assert top in sys.stdlib_module_names or top == "attrs", f"{path.name}: {name}"
+
+
+def test_the_core_never_imports_its_tools() -> None:
+    # Vendoring the policy alone drops tools/: nothing outside it may need it.
+    for path in CORE.glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                assert not module.startswith(("tools", "pd_policy.tools")), path.name
+                assert not (node.level and module.split(".")[0] == "tools"), path.name
+
+
+def test_every_module_stays_small() -> None:
+    # One idea per module: about 300 lines at most, across the three packages.
+    src = CORE.parent
+    sizes = {
+        str(p.relative_to(src)): len(p.read_text(encoding="utf-8").splitlines())
+        for p in src.rglob("*.py")
+        if "_pb2" not in p.name
+    }
+    assert {name: n for name, n in sizes.items() if n > 310} == {}
+
+
+def test_the_vendoring_recipe_of_the_docs(tmp_path: Path) -> None:
+    # docs/index.md: copy the folder under another name, drop tools/. In a fresh
+    # interpreter that sees only the copy (and attrs), a request is served.
+    import shutil
+
+    target = tmp_path / "gateway" / "vendored_policy"
+    shutil.copytree(CORE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.rmtree(target / "tools")
+    probe = (
+        "import sys; sys.path[:0] = [sys.argv[1]]\n"
+        "import vendored_policy as p\n"
+        "assert 'pd_policy' not in sys.modules\n"
+        "worker = p.WorkerCapability.from_labels({'supports_vision': 'false'})\n"
+        "batch = p.MultimodalBatch(mm_hashes=('h1',), placeholders=(p.PlaceholderRange(1, 2),))\n"
+        "request = p.Request('r', input_ids=(1, 2, 3, 4), batches=(batch,))\n"
+        "form, leg = p.build_decode_leg(request, worker)\n"
+        "assert form is p.DecodeForm.TEXT_PLUS_HASHES, form\n"
+        "print(p.decode_cache_salt(leg))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", probe, str(target.parent)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("mm1:")

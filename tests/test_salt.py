@@ -14,7 +14,7 @@ from pd_policy import (
     upstream_cache_salt,
     upstream_decode_cache_salt,
 )
-from pd_policy.scenarios import image_request
+from pd_policy.tools.scenarios import image_request
 
 IMG, VID = Modality.IMAGE, Modality.VIDEO
 

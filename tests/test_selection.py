@@ -24,7 +24,7 @@ from pd_policy import (
     select_decode_workers,
     sequential_pd_decode_form,
 )
-from pd_policy.scenarios import image_request, mrope_request, text_request
+from pd_policy.tools.scenarios import image_request, mrope_request, text_request
 from strategies import requests, workers
 
 candidate_lists = st.lists(

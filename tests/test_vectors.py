@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from pd_policy import ERROR_CATALOG, DecodeForm
-from pd_policy.cli import main
-from pd_policy.vectors import FORMAT, build_vectors, compare_results, dumps, run_vectors
+from pd_policy.tools.cli import main
+from pd_policy.tools.vectors import FORMAT, build_vectors, compare_results, dumps, run_vectors
 
 COMMITTED = Path(__file__).resolve().parent / "vectors" / "pd-policy-vectors.json"
 

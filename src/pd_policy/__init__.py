@@ -8,8 +8,11 @@ checks the KV handoff after prefill, and refuses the pairings that cannot work
 with clear, typed, non-retryable errors.
 
 The core is pure (no I/O) and depends on the standard library and ``attrs``
-only, so it can be vendored as one folder. Adapters live in ``pd_policy_grpc``
-(SMG vLLM engine protos) and ``pd_policy_vllm`` (a live vLLM engine).
+only, so it can be vendored as one folder. The tools that explain and check
+the policy (the ``pd-policy`` CLI, the scenarios, the conformance vectors, the
+docs tables) live in ``pd_policy.tools``, which a gateway that vendors the
+policy alone drops. Adapters live in ``pd_policy_grpc`` (SMG vLLM engine
+protos) and ``pd_policy_vllm`` (a live vLLM engine, and vLLM's HTTP server).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .capability import (
     derive_accepts_mm_metadata,
     derive_supports_vision,
 )
+from .catalog import ERROR_CATALOG, CatalogEntry
 from .codec import request_from_json, request_to_json, worker_from_json, worker_to_json
 from .connectors import (
     CONNECTOR_MODES,
@@ -38,9 +42,7 @@ from .connectors import (
 )
 from .decision import DecodeForm, decide_decode_form, sequential_pd_decode_form
 from .errors import (
-    ERROR_CATALOG,
     ERROR_CODE_HEADER,
-    CatalogEntry,
     InvalidConfiguration,
     MalformedRequest,
     MediaRefsOnLanguageModelOnlyDecode,
@@ -50,9 +52,6 @@ from .errors import (
     NoDecodeWorkerAvailable,
     NSamplesOnLanguageModelOnlyDecode,
     PolicyError,
-    WorkerFailedToStart,
-    WorkerStreamError,
-    grpc_status_to_http,
 )
 from .handoff import check_kv_handoff, ensure_kv_handoff, relay_kv
 from .legs import (
@@ -64,7 +63,6 @@ from .legs import (
     metadata_only,
 )
 from .mrope import MROPE_GRID_KEYS, grids_kept_on_cpu, has_mrope_grids, mrope_metadata_gap
-from .outcome import Outcome, PrefillResult, plan
 from .prefill import prefill_batch, prefill_leg
 from .request import LegacyKvParams, MediaRef, Request
 from .salt import (
@@ -87,6 +85,7 @@ from .worker import (
     VisionSupport,
     WorkerCapability,
 )
+from .worker_errors import WorkerFailedToStart, WorkerStreamError, grpc_status_to_http
 
 __version__ = "0.1.0"
 
@@ -123,12 +122,10 @@ __all__ = [
     "MultimodalNotSupported",
     "NSamplesOnLanguageModelOnlyDecode",
     "NoDecodeWorkerAvailable",
-    "Outcome",
     "PayloadLocation",
     "PlaceholderRange",
     "PolicyError",
     "PrefillKv",
-    "PrefillResult",
     "Request",
     "Support",
     "TensorDescriptor",
@@ -159,7 +156,6 @@ __all__ = [
     "metadata_only",
     "mint_transfer_id",
     "mrope_metadata_gap",
-    "plan",
     "plan_kv_handoff",
     "prefill_batch",
     "prefill_leg",

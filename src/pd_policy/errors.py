@@ -5,24 +5,19 @@ Each error carries a stable ``code``, an HTTP ``status`` (also readable as
 that is safe to return to a client. Messages never echo media URLs, salts or
 KV parameters: those can carry credentials or tenant names.
 
-The catalog :data:`ERROR_CATALOG` is the single source of truth that the docs
-table (``docs/errors.md``) is generated from.
+The worker errors (a leg that failed on its worker) are in ``worker_errors``;
+the catalog of every code, which the docs table (``docs/errors.md``) is
+generated from, in ``catalog``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from http import HTTPStatus
-from types import MappingProxyType
 from typing import ClassVar, Final
 
-import attrs
-
 __all__ = [
-    "ERROR_CATALOG",
     "ERROR_CODE_HEADER",
     "RETRYABLE_STATUSES",
-    "CatalogEntry",
     "InvalidConfiguration",
     "MalformedRequest",
     "MediaRefsOnLanguageModelOnlyDecode",
@@ -32,9 +27,6 @@ __all__ = [
     "NSamplesOnLanguageModelOnlyDecode",
     "NoDecodeWorkerAvailable",
     "PolicyError",
-    "WorkerFailedToStart",
-    "WorkerStreamError",
-    "grpc_status_to_http",
 ]
 
 #: Response header that carries the error code, as the SMG gateway sends it.
@@ -223,118 +215,3 @@ class InvalidConfiguration(PolicyError):
         "Raised when the router starts, so that no request fails for it later."
     )
     default_message = "the router's P/D configuration is invalid"
-
-
-#: gRPC status names (``grpc.StatusCode.X.name``) and the HTTP status a failed leg maps to.
-_GRPC_TO_HTTP: Final[Mapping[str, int]] = MappingProxyType(
-    {
-        "INVALID_ARGUMENT": 400,
-        "RESOURCE_EXHAUSTED": 429,
-        "UNAVAILABLE": 503,
-        "DEADLINE_EXCEEDED": 504,
-        "INTERNAL": 500,
-    }
-)
-
-
-def grpc_status_to_http(grpc_status: str) -> int:
-    """Map a gRPC status name (e.g. ``"UNAVAILABLE"``) to the HTTP status of a failed leg.
-
-    Statuses outside the table map to 500.
-    """
-    return _GRPC_TO_HTTP.get(grpc_status, 500)
-
-
-class WorkerFailedToStart(PolicyError):
-    """A prefill or decode worker refused or failed a leg before its first output.
-
-    Unlike the policy's own refusals, its status follows the worker's: its gRPC
-    status (``grpc_status`` is the status name, e.g. ``"UNAVAILABLE"``), or, for
-    a worker spoken to over HTTP, its HTTP status (``http_status``), and it may
-    be retryable. ``leg`` is ``"prefill"`` or ``"decode"``; ``detail`` is the
-    worker's own message.
-    """
-
-    code = "worker_failed_to_start"
-    status = 500
-    meaning = "A worker failed to start a leg; the status is mapped from its gRPC status."
-
-    _LEGS: ClassVar[frozenset[str]] = frozenset({"prefill", "decode"})
-    _SUFFIX: ClassVar[str] = "worker_failed_to_start"
-    _WHAT: ClassVar[str] = "worker failed to start"
-
-    def __init__(
-        self, leg: str, grpc_status: str = "", detail: str = "", *, http_status: int | None = None
-    ) -> None:
-        if leg not in self._LEGS:
-            raise ValueError(f"leg must be 'prefill' or 'decode', not {leg!r}")
-        self.leg = leg
-        self.grpc_status = grpc_status
-        self.detail = detail
-        self.code = f"{leg}_{self._SUFFIX}"
-        self.status = grpc_status_to_http(grpc_status) if http_status is None else http_status
-        super().__init__(f"{leg.capitalize()} {self._WHAT}: {detail}".rstrip(": "))
-
-    @property
-    def retryable(self) -> bool:
-        # A sidecar time-out repeats on retry, so it is marked non-retryable upstream.
-        if self.grpc_status == "UNAVAILABLE" and "sidecar_timeout" in self.detail:
-            return False
-        return self.status in RETRYABLE_STATUSES
-
-
-class WorkerStreamError(WorkerFailedToStart):
-    """A worker's leg failed after it had started streaming."""
-
-    _SUFFIX = "stream_error"
-    _WHAT = "stream failed"
-
-
-@attrs.frozen(slots=True)
-class CatalogEntry:
-    """One row of :data:`ERROR_CATALOG`."""
-
-    code: str
-    #: The HTTP status, or ``None`` when it is mapped from the worker's gRPC status.
-    status: int | None
-    retryable: bool
-    meaning: str
-    error: type[PolicyError]
-
-
-_POLICY_ERRORS: Final = (
-    MropeOnLanguageModelOnlyDecode,
-    MediaRefsOnLanguageModelOnlyDecode,
-    NSamplesOnLanguageModelOnlyDecode,
-    MissingKvTransferParams,
-    MultimodalNotSupported,
-    MalformedRequest,
-    NoDecodeWorkerAvailable,
-    InvalidConfiguration,
-)
-
-
-def _build_catalog() -> Mapping[str, CatalogEntry]:
-    rows: dict[str, CatalogEntry] = {
-        cls.code: CatalogEntry(cls.code, cls.status, cls.may_retry, cls.meaning, cls)
-        for cls in _POLICY_ERRORS
-    }
-    mapping = (
-        "The status is mapped from its gRPC status (INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED "
-        "429, INTERNAL 500, UNAVAILABLE 503, DEADLINE_EXCEEDED 504, others 500), or is its "
-        "HTTP status for a worker spoken to over HTTP; retryable under the default rules "
-        "(408, 429, 5xx) except a sidecar time-out."
-    )
-    for leg in ("prefill", "decode"):
-        code = f"{leg}_worker_failed_to_start"
-        what = f"The {leg} worker failed its leg before its first output. "
-        rows[code] = CatalogEntry(code, None, True, what + mapping, WorkerFailedToStart)
-    for leg in ("prefill", "decode"):
-        code = f"{leg}_stream_error"
-        what = f"The {leg} worker's stream failed after it had started. "
-        rows[code] = CatalogEntry(code, None, True, what + mapping, WorkerStreamError)
-    return MappingProxyType(rows)
-
-
-#: Every error code the policy can produce: code -> status, retryability and meaning.
-ERROR_CATALOG: Final[Mapping[str, CatalogEntry]] = _build_catalog()

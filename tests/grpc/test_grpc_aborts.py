@@ -11,7 +11,7 @@ from engines import LanguageModelOnlyDecodeEngine, PrefillEngine, serve
 from proto_strategies import to_proto
 
 from pd_policy import VisionSupport, WorkerCapability
-from pd_policy.scenarios import image_request
+from pd_policy.tools.scenarios import image_request
 from pd_policy_grpc import SequentialPd
 
 LM_ONLY = WorkerCapability(VisionSupport.FALSE)

@@ -10,7 +10,7 @@ from engines import LanguageModelOnlyDecodeEngine, PrefillEngine, answer, serve_
 from proto_strategies import to_proto
 
 from docs_examples import load_route
-from pd_policy.scenarios import image_request, mrope_request
+from pd_policy.tools.scenarios import image_request, mrope_request
 
 
 def test_the_router_example_serves_and_refuses() -> None:

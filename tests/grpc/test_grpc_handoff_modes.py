@@ -27,7 +27,7 @@ from pd_policy import (
     VisionSupport,
     WorkerCapability,
 )
-from pd_policy.scenarios import image_request, text_request
+from pd_policy.tools.scenarios import image_request, text_request
 from pd_policy_grpc import SequentialPd
 from pd_policy_grpc.wire import pb
 

@@ -19,7 +19,7 @@ from pd_policy import (
     PrefillKv,
     plan_kv_handoff,
 )
-from pd_policy.scenarios import image_request, mrope_request, text_request
+from pd_policy.tools.scenarios import image_request, mrope_request, text_request
 from pd_policy_grpc import (
     apply_kv_handoff,
     ensure_kv_handoff,

@@ -9,7 +9,7 @@ from proto_strategies import protos, to_proto
 
 import pd_policy_grpc
 from pd_policy import MalformedRequest, PolicyError, VisionSupport, WorkerCapability
-from pd_policy.scenarios import image_request
+from pd_policy.tools.scenarios import image_request
 from pd_policy_grpc import parse_generate_request, request_view
 from pd_policy_grpc.wire import common, pb
 

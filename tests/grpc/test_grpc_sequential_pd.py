@@ -29,7 +29,7 @@ from pd_policy import (
     VisionSupport,
     WorkerFailedToStart,
 )
-from pd_policy.scenarios import image_request, media_ref_request, mrope_request, text_request
+from pd_policy.tools.scenarios import image_request, media_ref_request, mrope_request, text_request
 from pd_policy_grpc import SequentialPd, capability_from_info
 from pd_policy_grpc.wire import pb, pb_grpc
 

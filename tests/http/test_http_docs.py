@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pd_policy.tables import splice
+from pd_policy.tools.tables import splice
 from pd_policy_vllm.http import tables
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "http.md"

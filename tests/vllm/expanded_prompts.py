@@ -19,7 +19,7 @@ from pd_policy import (
     Request,
     TensorDescriptor,
 )
-from pd_policy.scenarios import content_hash
+from pd_policy.tools.scenarios import content_hash
 
 __all__ = ["PROMPT_LENGTH", "TEXT_BEFORE_IMAGE", "image_request", "text_request"]
 

@@ -24,7 +24,7 @@ from pd_policy import (
     identity_only,
     relay_kv,
 )
-from pd_policy.scenarios import image_request, media_ref_request, mrope_request, text_request
+from pd_policy.tools.scenarios import image_request, media_ref_request, mrope_request, text_request
 from pd_policy_vllm import KV_TRANSFER_PARAMS_KEY, decode_inputs
 
 HANDOFF: dict[str, Any] = {

@@ -19,7 +19,7 @@ from pd_policy import (
     Request,
     clone_without_mm,
 )
-from pd_policy.scenarios import mrope_request
+from pd_policy.tools.scenarios import mrope_request
 from pd_policy_vllm import DecodeEngine
 
 GREEDY = SamplingParams(max_tokens=2, temperature=0.0)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from pd_policy.tables import splice
+from pd_policy.tools.tables import splice
 
 from .request import Route
 from .vectors import render_answer, run_case

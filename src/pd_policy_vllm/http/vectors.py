@@ -1,6 +1,6 @@
 """Conformance vectors for HTTP proxies: OpenAI bodies in, P/D legs (or the refusal) out.
 
-A sibling of the core's vectors (``pd_policy.vectors``), for proxies in front
+A sibling of the core's vectors (``pd_policy.tools.vectors``), for proxies in front
 of ``vllm serve`` that reimplement :mod:`pd_policy_vllm.http`. Each case gives
 the client's body and route, the decode workers (in preference order), the
 prefill worker's handoff contract, whether the model uses M-RoPE, and the

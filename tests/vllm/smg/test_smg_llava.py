@@ -30,7 +30,7 @@ from pd_policy import (
     PolicyError,
     VisionSupport,
 )
-from pd_policy.scenarios import mrope_request
+from pd_policy.tools.scenarios import mrope_request
 from pd_policy_grpc import SequentialPd, capability_from_info, prefill_kv_from_info
 from pd_policy_grpc.wire import pb, pb_grpc
 from wire_messages import to_proto

@@ -13,14 +13,14 @@ from typing import Any
 
 import attrs
 
-from .codec import request_to_json
-from .decision import DecodeForm
-from .errors import PolicyError
-from .handoff import ensure_kv_handoff, relay_kv
-from .legs import build_decode_leg
-from .request import LegacyKvParams, Request, kv_params_text
-from .salt import decode_cache_salt, upstream_decode_cache_salt
-from .worker import WorkerCapability
+from pd_policy.codec import request_to_json
+from pd_policy.decision import DecodeForm
+from pd_policy.errors import PolicyError
+from pd_policy.handoff import ensure_kv_handoff, relay_kv
+from pd_policy.legs import build_decode_leg
+from pd_policy.request import LegacyKvParams, Request, kv_params_text
+from pd_policy.salt import decode_cache_salt, upstream_decode_cache_salt
+from pd_policy.worker import WorkerCapability
 
 __all__ = ["Outcome", "PrefillResult", "plan"]
 

@@ -13,15 +13,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import __version__
-from .codec import request_from_json, worker_from_json
-from .errors import ERROR_CATALOG, PolicyError
+from pd_policy import __version__
+from pd_policy.catalog import ERROR_CATALOG
+from pd_policy.codec import request_from_json, worker_from_json
+from pd_policy.errors import PolicyError
+from pd_policy.request import Request
+from pd_policy.worker import WorkerCapability
+
 from .outcome import Outcome, PrefillResult, plan
-from .request import Request
 from .scenarios import SCENARIOS
 from .tables import TABLES, splice
 from .vectors import build_vectors, compare_results, dumps, run_vectors
-from .worker import WorkerCapability
 
 __all__ = ["main", "outcome_to_json", "summarize_leg"]
 

@@ -12,11 +12,12 @@ from typing import Final
 
 import attrs
 
-from .batch import Modality, MultimodalBatch, PlaceholderRange
+from pd_policy.batch import Modality, MultimodalBatch, PlaceholderRange
+from pd_policy.request import MediaRef, Request
+from pd_policy.tensor import PayloadLocation, TensorDescriptor
+from pd_policy.worker import Support, WorkerCapability
+
 from .outcome import PrefillResult
-from .request import MediaRef, Request
-from .tensor import PayloadLocation, TensorDescriptor
-from .worker import Support, WorkerCapability
 
 __all__ = [
     "IMAGE_TOKEN_ID",

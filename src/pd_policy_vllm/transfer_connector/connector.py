@@ -1,57 +1,6 @@
-"""A KV connector that follows the ``kv_transfer_params`` handoff contract, on CPU.
+"""The connector: the scheduler side plans stores and loads per request, the worker side
+copies blocks as each step's metadata says (see the package's docs)."""
 
-**For testing and developing P/D without GPUs, not for production**: transfers
-go through a local directory, synchronously, and are never cleaned up.
-
-The contract it follows is the one NIXL follows, which the P/D policy relies on:
-
-* a prefill request tagged ``{"do_remote_decode": true}`` is stored under a
-  transfer id, and the engine returns parameters *naming that transfer*
-  (``transfer_id``, ``do_remote_prefill``, the prompt's length and digest, and
-  the engine's own multimodal identifiers);
-* a decode request carrying those parameters loads exactly that transfer and
-  no other, whatever multimodal features its prompt has or lacks. A stripped,
-  language-model-only decode leg has none, which is why vLLM's
-  ``ExampleConnector`` (keyed by token ids *and* multimodal identifiers) misses
-  and silently recomputes an image-blind answer.
-
-Design points, each found the hard way on vLLM 0.32 CPU:
-
-* **The partial last block moves too.** The decode engine computes whatever
-  the connector does not load, and a language-model-only engine computes an
-  image placeholder as the *text* embedding of its id. So the load covers every
-  prompt token but the last (which decode must compute for its logits).
-* **Whole blocks are copied.** The CPU attention backend lays a block out as
-  all keys then all values, so per-token slicing of a block is wrong; a block
-  copy is layout-agnostic. The tail of a partial block past the load is
-  overwritten by decode's own forward.
-* **The worker side reads everything from per-step metadata.** Engines in one
-  process share a single worker-side connector (vLLM keeps it in a process
-  global), so it may not hold any engine's settings.
-* **The decode side reports what it did** in its own output's
-  ``kv_transfer_params``: ``loaded_tokens`` (from the transfer) and
-  ``local_cached_tokens`` (from its own prefix cache), so a caller can verify
-  the handoff and observe prefix-cache isolation. vLLM's ``num_cached_tokens``
-  adds the two together.
-
-Register it like any out-of-tree connector::
-
-    kv_transfer_config={
-        "kv_connector": "TransferConnector",
-        "kv_connector_module_path": "pd_policy_vllm.transfer_connector",
-        "kv_role": "kv_producer",  # or "kv_consumer", or "kv_both"
-        "kv_connector_extra_config": {"transfer_dir": "/some/dir"},
-    }
-
-Extra config: ``transfer_dir`` (required); ``partial_blocks`` (default true;
-false moves whole blocks only, to show why the tail matters); ``return_params``
-(default true; false stores the transfer but returns no parameters, like an
-outdated prefill servicer, to exercise the policy's 502).
-"""
-
-from __future__ import annotations
-
-import hashlib
 import json
 import logging
 import math
@@ -60,13 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import safetensors.torch
 import torch
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1,
-    KVConnectorMetadata,
-    KVConnectorRole,
-)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+
+from .blocks import Copy, TransferMetadata, load_blocks, prompt_digest, save_blocks
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -76,63 +22,13 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-__all__ = ["CONNECTOR_NAME", "TransferConnector", "kv_transfer_config", "prompt_digest"]
+__all__ = ["CONNECTOR_NAME", "TransferConnector"]
 
 logger = logging.getLogger(__name__)
 
 #: The class name to give ``kv_connector``.
 CONNECTOR_NAME: Final = "TransferConnector"
 _META_FILE: Final = "meta.json"
-
-
-def prompt_digest(token_ids: list[int] | tuple[int, ...]) -> str:
-    """A short digest of a prompt: the decode prompt must be exactly the prefill's ids."""
-    return hashlib.sha256(json.dumps(list(token_ids)).encode()).hexdigest()[:32]
-
-
-def kv_transfer_config(
-    role: str,
-    transfer_dir: str | Path,
-    *,
-    partial_blocks: bool = True,
-    return_params: bool = True,
-) -> dict[str, Any]:
-    """The ``kv_transfer_config`` that plugs this connector into an engine.
-
-    ``role`` is ``"kv_producer"`` (prefill), ``"kv_consumer"`` (decode) or
-    ``"kv_both"``. In one process every engine needs a connector once any has
-    one (vLLM keeps the worker-side connector in a process global): give the
-    others an inert ``"kv_producer"``, which stores nothing unless asked.
-    """
-    return {
-        "kv_connector": CONNECTOR_NAME,
-        "kv_connector_module_path": __name__,
-        "kv_role": role,
-        "kv_connector_extra_config": {
-            "transfer_dir": str(transfer_dir),
-            "partial_blocks": partial_blocks,
-            "return_params": return_params,
-        },
-    }
-
-
-@dataclass
-class _Copy:
-    """One transfer's blocks to copy this step, in one direction."""
-
-    transfer_id: str
-    block_ids: list[int]
-    store: bool
-    #: For a load: the index, in the stored blocks, of the first block to load.
-    first_block: int = 0
-
-
-@dataclass
-class TransferMetadata(KVConnectorMetadata):  # type: ignore[misc]
-    """What the worker side does this step: everything it needs, nothing it keeps."""
-
-    transfer_dir: str = ""
-    copies: list[_Copy] = field(default_factory=list)
 
 
 @dataclass
@@ -250,7 +146,7 @@ class TransferConnector(KVConnectorBase_V1):  # type: ignore[misc]
             if req_id in self._loading:
                 load = self._loading.pop(req_id)
                 first, last = load.start // self._block_size, math.ceil(load.end / self._block_size)
-                meta.copies.append(_Copy(load.transfer_id, blocks[first:last], False, first))
+                meta.copies.append(Copy(load.transfer_id, blocks[first:last], False, first))
                 self._loaded[req_id] = load
             elif req_id in self._producing:
                 self._producing[req_id].block_ids = blocks
@@ -279,7 +175,7 @@ class TransferConnector(KVConnectorBase_V1):  # type: ignore[misc]
             return
         del self._producing[req_id]
         blocks = producing.block_ids[: math.ceil(len(producing.prompt) / self._block_size)]
-        meta.copies.append(_Copy(producing.transfer_id, blocks, True))
+        meta.copies.append(Copy(producing.transfer_id, blocks, True))
         self._stored[req_id] = _Stored(
             producing.transfer_id, len(producing.prompt), prompt_digest(producing.prompt)
         )
@@ -324,25 +220,15 @@ class TransferConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     # --- worker side: stateless, everything comes from the step's metadata ----------
 
-    def _copies(self, store: bool) -> tuple[Path, list[_Copy]]:
+    def _copies(self, store: bool) -> tuple[Path, list[Copy]]:
         meta = self._get_connector_metadata()
         assert isinstance(meta, TransferMetadata)
         return Path(meta.transfer_dir), [c for c in meta.copies if c.store is store]
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         directory, loads = self._copies(store=False)
-        if not loads or forward_context.attn_metadata is None:
-            return
-        for name, layer in forward_context.no_compile_layers.items():
-            kv = getattr(layer, "kv_cache", None)
-            if not isinstance(kv, torch.Tensor):
-                continue
-            for load in loads:
-                path = directory / load.transfer_id / f"{name}.safetensors"
-                stored = safetensors.torch.load_file(str(path))["kv_cache"]
-                count = len(load.block_ids)
-                index = torch.tensor(load.block_ids, dtype=torch.long)
-                kv[index] = stored[load.first_block : load.first_block + count].to(kv.dtype)
+        if loads and forward_context.attn_metadata is not None:
+            load_blocks(directory, loads, forward_context.no_compile_layers)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -351,14 +237,7 @@ class TransferConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
     ) -> None:
         directory, stores = self._copies(store=True)
-        for copy in stores:
-            target = directory / copy.transfer_id
-            target.mkdir(parents=True, exist_ok=True)
-            index = torch.tensor(copy.block_ids, dtype=torch.long)
-            blocks = kv_layer[index].detach().cpu().contiguous()
-            safetensors.torch.save_file(
-                {"kv_cache": blocks}, str(target / f"{layer_name}.safetensors")
-            )
+        save_blocks(directory, stores, layer_name, kv_layer)
 
     def wait_for_save(self) -> None:
         return

@@ -11,13 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from .connectors import CONNECTOR_MODES, NIXL_PREFILL_PARAMS, KvConnectorMode
-from .decision import DecodeForm, sequential_pd_decode_form
-from .errors import ERROR_CATALOG, PolicyError
-from .request import Request
+from pd_policy.catalog import ERROR_CATALOG
+from pd_policy.connectors import CONNECTOR_MODES, NIXL_PREFILL_PARAMS, KvConnectorMode
+from pd_policy.decision import DecodeForm, sequential_pd_decode_form
+from pd_policy.errors import PolicyError
+from pd_policy.request import Request
+from pd_policy.tensor import PayloadLocation
+from pd_policy.worker import Support, WorkerCapability
+
 from .scenarios import image_request, media_ref_request, mrope_request, text_request
-from .tensor import PayloadLocation
-from .worker import Support, WorkerCapability
 
 __all__ = ["TABLES", "decision_table", "error_table", "splice"]
 

@@ -1,0 +1,237 @@
+"""The conformance cases of the ``plan`` operation: decisions, handoffs, legs, salts, and
+malformed input; then the other operations' (``check_cases``)."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from pd_policy.batch import Modality, MultimodalBatch, PlaceholderRange
+from pd_policy.codec import request_to_json, worker_to_json
+from pd_policy.request import Request
+from pd_policy.tensor import PayloadLocation, TensorDescriptor
+from pd_policy.tools.scenarios import (
+    content_hash,
+    image_request,
+    media_ref_request,
+    mrope_request,
+    text_request,
+)
+from pd_policy.worker import Support, WorkerCapability
+
+from .check_cases import check_cases as _check_cases
+
+__all__ = ["ADVERSARIAL", "WORKERS", "all_cases"]
+
+WORKERS: Final = {
+    "vision": WorkerCapability(Support.TRUE),
+    "unknown": WorkerCapability(Support.UNKNOWN),
+    "lm_only": WorkerCapability(Support.FALSE),
+    "lm_only_metadata": WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE),
+}
+NIXL: Final = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": "xfer-1"}
+
+#: Salts and hashes built to break naive encodings: separators, prefixes, NUL, non-ASCII.
+ADVERSARIAL: Final = ("a,b", "a", "b", ",", ":", "mm:", "mm1:", "a\x00b", "é", "日本", "x" * 300)
+
+
+def req(request: Request) -> dict[str, Any]:
+    return request_to_json(request)
+
+
+def grid_of(location: PayloadLocation, name: str = "image_grid_thw") -> TensorDescriptor:
+    return TensorDescriptor(
+        name, (1, 3), "int64", location, 0 if location is PayloadLocation.NONE else 24
+    )
+
+
+def all_cases() -> list[dict[str, Any]]:
+    """Every case, in the order of the document."""
+    cases: list[dict[str, Any]] = []
+
+    def add(case_id: str, description: str, operation: str = "plan", **fields: Any) -> None:
+        cases.append({"id": case_id, "description": description, "operation": operation, **fields})
+
+    shapes = {
+        "text_n1": ("a text request", text_request()),
+        "text_n2": ("a text request with n=2", text_request(n=2)),
+        "image_n1": ("a grid-less image", image_request()),
+        "image_n2": ("a grid-less image with n=2", image_request(n=2)),
+        "mrope_n1": ("an image with an M-RoPE grid", mrope_request()),
+        "mrope_n2": ("an M-RoPE image with n=2", mrope_request(n=2)),
+        "mrope_shm_grid_n1": (
+            "an M-RoPE image whose grid is in shared memory",
+            mrope_request(grid_location=PayloadLocation.SHM),
+        ),
+        "mrope_no_hashes_n1": ("an M-RoPE image without hashes", mrope_request(hashes=False)),
+        "refs_n1": ("media references", media_ref_request()),
+        "refs_n2": ("media references with n=2", media_ref_request(n=2)),
+    }
+    for shape, (what, request) in shapes.items():
+        for kind, worker in WORKERS.items():
+            add(
+                f"decision/{shape}/{kind}",
+                f"{what}, {kind} decode worker",
+                request=req(request),
+                decode_worker=worker_to_json(worker),
+            )
+
+    lm_only = worker_to_json(WORKERS["lm_only"])
+    vision = worker_to_json(WORKERS["vision"])
+    for kind, as_json in (("lm_only", lm_only), ("vision", vision)):
+        add(
+            f"handoff/image/returned/{kind}",
+            "prefill returned NIXL parameters",
+            request=req(image_request()),
+            decode_worker=as_json,
+            prefill={"kv_transfer_params": NIXL},
+        )
+        add(
+            f"handoff/image/nothing/{kind}",
+            "prefill returned no KV parameters",
+            request=req(image_request()),
+            decode_worker=as_json,
+            prefill={},
+        )
+    add(
+        "handoff/text/nothing/lm_only",
+        "text keeps the recompute fallback",
+        request=req(text_request()),
+        decode_worker=lm_only,
+        prefill={},
+    )
+    add(
+        "handoff/image/legacy/lm_only",
+        "the legacy host/port pair counts as a handoff",
+        request=req(image_request()),
+        decode_worker=lm_only,
+        prefill={"kv_transfer_params_legacy": {"remote_host": "p0", "remote_port": 7000}},
+    )
+    add(
+        "handoff/image_n2/returned/vision",
+        "n>1 relays nothing",
+        request=req(image_request(n=2)),
+        decode_worker=vision,
+        prefill={"kv_transfer_params": NIXL},
+    )
+    already = image_request().derive(kv_transfer_params=NIXL)
+    add(
+        "handoff/image/preset/lm_only",
+        "parameters already on the request count",
+        request=req(already),
+        decode_worker=lm_only,
+        prefill={},
+    )
+
+    ids = tuple(range(1, 41))
+    batch = MultimodalBatch(placeholders=(PlaceholderRange(2, 4),), mm_hashes=("h-img",))
+    hashless = MultimodalBatch(
+        pixel_values=TensorDescriptor("pixel_values", (1, 3, 8, 8), "float32", nbytes=768)
+    )
+    video = MultimodalBatch(modality=Modality.VIDEO, mm_hashes=("h-vid-1", "h-vid-2"))
+    audio = MultimodalBatch(modality=Modality.AUDIO, mm_hashes=("h-aud",))
+    legs = {
+        "hashless_primary_dropped": (hashless, video),
+        "extras_keep_order_and_modality": (batch, video, audio),
+        "hashless_only": (hashless,),
+    }
+    for name, batches in legs.items():
+        request = Request("legs", input_ids=ids, batches=batches, kv_transfer_params=NIXL)
+        for kind in ("lm_only", "vision"):
+            add(
+                f"legs/{name}/{kind}",
+                f"leg building: {name.replace('_', ' ')}",
+                request=req(request),
+                decode_worker=worker_to_json(WORKERS[kind]),
+            )
+
+    for location in PayloadLocation:
+        grid = grid_of(location)
+        gridded = MultimodalBatch(
+            tensors=(grid,), mm_hashes=("h",), placeholders=(PlaceholderRange(0, 4),)
+        )
+        request = Request("grids", input_ids=ids, batches=(gridded,))
+        add(
+            f"identity/grid_{location.value}/vision",
+            f"identity-only keeps only inline grids ({location.value})",
+            request=req(request),
+            decode_worker=vision,
+        )
+    sizes = TensorDescriptor("image_grid_sizes", (1,), "int64", PayloadLocation.INLINE, 8)
+    shm_sizes = TensorDescriptor("image_grid_sizes", (1,), "int64", PayloadLocation.SHM, 8)
+    for label, sizes_tensor in (("inline", sizes), ("shm", shm_sizes)):
+        flat = MultimodalBatch(
+            tensors=(grid_of(PayloadLocation.INLINE), sizes_tensor),
+            mm_hashes=("h",),
+            flat_keys={"image_grid_thw": "image_grid_sizes"},
+            batched_keys=("image_grid_thw", "image_grid_sizes", "pixel_values"),
+            keep_on_cpu_keys=("image_grid_sizes",),
+        )
+        add(
+            f"identity/flat_sizes_{label}/vision",
+            f"a flattened grid whose sizes tensor is {label}",
+            request=req(Request("flat", input_ids=ids, batches=(flat,))),
+            decode_worker=vision,
+        )
+
+    for i, salt in enumerate(ADVERSARIAL):
+        hashes = (ADVERSARIAL[i], ADVERSARIAL[(i + 1) % len(ADVERSARIAL)])
+        adversarial = Request(
+            "adv", input_ids=ids, batches=(MultimodalBatch(mm_hashes=hashes),), cache_salt=salt
+        )
+        add(
+            f"salt/adversarial_{i:02d}/lm_only",
+            "adversarial hashes and caller salt",
+            request=req(adversarial),
+            decode_worker=lm_only,
+            prefill={"kv_transfer_params": NIXL},
+        )
+    salt_cases = {
+        "none": ([], None),
+        "caller_only": ([], "tenant-1"),
+        "one_image": ([("image", content_hash("dog.jpg"))], None),
+        "one_image_tenant": ([("image", content_hash("dog.jpg"))], "tenant-1"),
+        "split_vs_joined_a": ([("image", "a,b")], None),
+        "split_vs_joined_b": ([("image", "a"), ("image", "b")], None),
+        "order_ab": ([("image", "A"), ("video", "B")], "t"),
+        "order_ba": ([("video", "B"), ("image", "A")], "t"),
+        "modality": ([("video", "A")], None),
+        "empty_salt": ([("image", "A")], ""),
+        "shifted_a": ([("image", "A")], "t,B"),
+        "shifted_b": ([("image", "A"), ("image", "B")], "t"),
+        "many": ([("image", f"{i:064x}") for i in range(64)], "tenant"),
+    }
+    for name, (identities, caller) in salt_cases.items():
+        add(
+            f"fold_salt/{name}",
+            "the salt fold, in both formats",
+            "fold_salt",
+            identities=[list(i) for i in identities],
+            caller_salt=caller,
+        )
+
+    malformed = {
+        "placeholder_past_ids": {
+            "request_id": "m",
+            "input_ids": [1, 2],
+            "batches": [{"placeholders": [{"offset": 1, "length": 5}], "mm_hashes": ["h"]}],
+        },
+        "empty_hash": {"request_id": "m", "input_ids": [1], "batches": [{"mm_hashes": [""]}]},
+        "refs_with_batches": {
+            "request_id": "m",
+            "input_ids": [1],
+            "batches": [{"mm_hashes": ["h"]}],
+            "media_refs": [{"url": "https://example.com/x.png"}],
+        },
+        "unknown_field": {"request_id": "m", "text": "hi", "priority": 1},
+        "no_input": {"request_id": "m"},
+        "negative_n": {"request_id": "m", "text": "hi", "n": -1},
+    }
+    for name, doc in malformed.items():
+        add(
+            f"malformed/{name}",
+            "malformed input is a typed 400 naming the field",
+            request=doc,
+            decode_worker=lm_only,
+        )
+    _check_cases(add, shapes)
+    return cases
