@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 
 from .errors import MalformedRequest
+from .fields import count_repr, instance_of, uint32
 from .tensor import TensorDescriptor
 
 __all__ = ["Modality", "MultimodalBatch", "PlaceholderRange"]
@@ -22,24 +23,16 @@ class Modality(enum.Enum):
     VIDEO = "video"
 
 
-def _check_uint(name: str) -> Callable[[object, attrs.Attribute[int], int], None]:
-    def check(_inst: object, _attr: attrs.Attribute[int], value: int) -> None:
-        if type(value) is not int or value < 0:
-            raise MalformedRequest(f"{name} must be a non-negative integer", param=name)
-
-    return check
-
-
 @attrs.frozen(slots=True)
 class PlaceholderRange:
     """Where one item's placeholder tokens sit in ``input_ids``: ``[offset, offset+length)``.
 
-    Raises :class:`~pd_policy.errors.MalformedRequest` for a negative offset or a
-    length below one.
+    Raises :class:`~pd_policy.errors.MalformedRequest` for an offset or a length that
+    is not a ``uint32``, or a length below one.
     """
 
-    offset: int = attrs.field(validator=_check_uint("offset"))
-    length: int = attrs.field(validator=_check_uint("length"))
+    offset: int = attrs.field(validator=uint32())
+    length: int = attrs.field(validator=uint32())
 
     def __attrs_post_init__(self) -> None:
         if self.length == 0:
@@ -110,16 +103,11 @@ def _to_flat_keys(value: object) -> tuple[tuple[str, str], ...]:
 
 def _to_placeholders(value: object) -> tuple[PlaceholderRange, ...]:
     if not isinstance(value, Iterable):
-        raise MalformedRequest("placeholders must be a sequence", param="mm_placeholders")
+        raise MalformedRequest("placeholders must be a sequence", param="placeholders")
     items = tuple(value)
     if not all(isinstance(p, PlaceholderRange) for p in items):
-        raise MalformedRequest("placeholders must be PlaceholderRange", "mm_placeholders")
+        raise MalformedRequest("placeholders must be PlaceholderRange", "placeholders")
     return items
-
-
-def _check_optional_uint(_inst: object, attr: attrs.Attribute[int | None], v: int | None) -> None:
-    if v is not None and (type(v) is not int or v < 0):
-        raise MalformedRequest(f"{attr.name} must be a non-negative integer", param=attr.name)
 
 
 @attrs.frozen(slots=True)
@@ -137,22 +125,19 @@ class MultimodalBatch:
     or a placeholder count that differs from a non-empty hash count.
     """
 
-    modality: Modality = attrs.field(
-        default=Modality.IMAGE, validator=attrs.validators.instance_of(Modality)
-    )
+    modality: Modality = attrs.field(default=Modality.IMAGE, validator=instance_of(Modality))
     pixel_values: TensorDescriptor | None = attrs.field(
-        default=None,
-        validator=attrs.validators.optional(attrs.validators.instance_of(TensorDescriptor)),
+        default=None, validator=instance_of(TensorDescriptor, optional=True)
     )
     tensors: tuple[TensorDescriptor, ...] = attrs.field(default=(), converter=_to_tensors)
     placeholders: tuple[PlaceholderRange, ...] = attrs.field(default=(), converter=_to_placeholders)
-    mm_hashes: tuple[str, ...] = attrs.field(default=(), converter=_to_hashes)
-    im_token_id: int | None = attrs.field(default=None, validator=_check_optional_uint)
+    mm_hashes: tuple[str, ...] = attrs.field(default=(), converter=_to_hashes, repr=count_repr)
+    im_token_id: int | None = attrs.field(default=None, validator=uint32(optional=True))
     batched_keys: tuple[str, ...] = attrs.field(default=(), converter=_to_batched_keys)
     flat_keys: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_to_flat_keys)
     keep_on_cpu_keys: tuple[str, ...] = attrs.field(default=(), converter=_to_keep_on_cpu_keys)
     encoder_input_key: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
+        default=None, validator=instance_of(str, optional=True)
     )
 
     def __attrs_post_init__(self) -> None:

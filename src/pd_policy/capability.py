@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from .errors import MalformedRequest
+from .fields import instance_of
 from .worker import VisionSupport
 
 __all__ = [
@@ -83,21 +84,15 @@ class EngineFacts:
     not exist).
     """
 
-    is_multimodal_model: bool = attrs.field(validator=attrs.validators.instance_of(bool))
-    mm_input_probe: MmInputProbe = attrs.field(validator=attrs.validators.instance_of(MmInputProbe))
-    enable_mm_embeds: bool = attrs.field(
-        default=False, validator=attrs.validators.instance_of(bool)
-    )
-    language_model_only: bool = attrs.field(
-        default=False, validator=attrs.validators.instance_of(bool)
-    )
+    is_multimodal_model: bool = attrs.field(validator=instance_of(bool))
+    mm_input_probe: MmInputProbe = attrs.field(validator=instance_of(MmInputProbe))
+    enable_mm_embeds: bool = attrs.field(default=False, validator=instance_of(bool))
+    language_model_only: bool = attrs.field(default=False, validator=instance_of(bool))
     modality_limits: tuple[tuple[str, int], ...] | None = attrs.field(
         default=None, converter=_to_limits
     )
-    is_kv_consumer: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    allow_missing_mm_embeddings: bool = attrs.field(
-        default=False, validator=attrs.validators.instance_of(bool)
-    )
+    is_kv_consumer: bool = attrs.field(default=False, validator=instance_of(bool))
+    allow_missing_mm_embeddings: bool = attrs.field(default=False, validator=instance_of(bool))
 
 
 def derive_supports_vision(facts: EngineFacts) -> bool:

@@ -33,6 +33,7 @@ from typing import Final
 import attrs
 
 from .errors import InvalidConfiguration
+from .fields import instance_of, redacted_repr
 from .request import LegacyKvParams, Request
 
 __all__ = [
@@ -135,16 +136,20 @@ class PrefillKv:
     below 1, or a rank outside it.
     """
 
-    mode: KvConnectorMode = attrs.field(validator=attrs.validators.instance_of(KvConnectorMode))
+    mode: KvConnectorMode = attrs.field(
+        validator=instance_of(KvConnectorMode, error=InvalidConfiguration)
+    )
     engine_id: str | None = attrs.field(
         default=None,
         converter=_empty_to_none,
-        validator=attrs.validators.optional(attrs.validators.instance_of(str)),
+        validator=instance_of(str, optional=True, error=InvalidConfiguration),
+        repr=redacted_repr,
     )
     bootstrap_host: str | None = attrs.field(
         default=None,
         converter=_empty_to_none,
-        validator=attrs.validators.optional(attrs.validators.instance_of(str)),
+        validator=instance_of(str, optional=True, error=InvalidConfiguration),
+        repr=redacted_repr,
     )
     bootstrap_port: int = attrs.field(default=DEFAULT_BOOTSTRAP_PORT, validator=_check_port)
     dp_size: int = attrs.field(default=1, validator=_check_dp_size)
@@ -197,11 +202,11 @@ class KvHandoff:
     """
 
     runs_prefill: bool
-    prefill_params: str | None = None
-    decode_params: str | None = None
-    decode_legacy: LegacyKvParams | None = None
+    prefill_params: str | None = attrs.field(default=None, repr=redacted_repr)
+    decode_params: str | None = attrs.field(default=None, repr=redacted_repr)
+    decode_legacy: LegacyKvParams | None = attrs.field(default=None, repr=redacted_repr)
     relays: bool = False
-    transfer_id: str | None = None
+    transfer_id: str | None = attrs.field(default=None, repr=redacted_repr)
     dp_rank: int | None = None
 
 

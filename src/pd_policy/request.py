@@ -11,12 +11,10 @@ import attrs
 
 from .batch import Modality, MultimodalBatch
 from .errors import MalformedRequest
+from .fields import UINT32_MAX, instance_of, redacted_repr
+from .jsontext import loads_strict
 
 __all__ = ["LegacyKvParams", "MediaRef", "Request", "kv_params_text"]
-
-
-def _redacted(_value: object) -> str:
-    return "<redacted>"
 
 
 def _check_url(_inst: object, _attr: attrs.Attribute[str], value: str) -> None:
@@ -31,8 +29,8 @@ class MediaRef:
     The URL may carry credentials, so it never appears in a repr or an error.
     """
 
-    modality: Modality = attrs.field(validator=attrs.validators.instance_of(Modality))
-    url: str = attrs.field(validator=_check_url, repr=_redacted)
+    modality: Modality = attrs.field(validator=instance_of(Modality))
+    url: str = attrs.field(validator=_check_url, repr=redacted_repr)
 
     @property
     def scheme(self) -> str:
@@ -48,9 +46,11 @@ def _check_port(_inst: object, _attr: attrs.Attribute[int], value: int) -> None:
 
 @attrs.frozen(slots=True)
 class LegacyKvParams:
-    """The legacy typed KV handoff (Mooncake without an engine id): a host and a port."""
+    """The legacy typed KV handoff (Mooncake without an engine id): a host and a port.
 
-    remote_host: str = attrs.field(validator=attrs.validators.instance_of(str))
+    The host is an address: it never appears in a repr or an error."""
+
+    remote_host: str = attrs.field(validator=instance_of(str), repr=redacted_repr)
     remote_port: int = attrs.field(validator=_check_port)
 
 
@@ -60,8 +60,12 @@ def _to_ids(value: object) -> tuple[int, ...] | None:
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise MalformedRequest("input_ids must be a sequence of token ids", param="input_ids")
     ids = tuple(value)
-    if not all(type(t) is int for t in ids) or (ids and min(ids) < 0):
-        raise MalformedRequest("input_ids must be non-negative integers", param="input_ids")
+    # Checked at C speed (map, set, min, max): a request holds thousands of ids.
+    if ids and (set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) > UINT32_MAX):
+        raise MalformedRequest(
+            f"input_ids must be integers in 0..{UINT32_MAX} (the wire's uint32)",
+            param="input_ids",
+        )
     return ids
 
 
@@ -69,7 +73,9 @@ def kv_params_text(value: object) -> str | None:
     """KV parameters as the text of a JSON object, kept verbatim when given as text.
 
     A mapping is serialised compactly. Raises ``MalformedRequest`` for anything
-    that is not a JSON object (the engine receives the text unchanged).
+    that is not a JSON object, and for text that is not strict JSON (a key twice:
+    the engine receives the text unchanged, and must not read it otherwise than
+    the policy did).
     """
     if value is None:
         return None
@@ -82,10 +88,7 @@ def kv_params_text(value: object) -> str | None:
             ) from None
     if not isinstance(value, str):
         raise MalformedRequest("kv_transfer_params must be a JSON object", "kv_transfer_params")
-    try:
-        parsed = json.loads(value)
-    except ValueError:
-        parsed = None
+    parsed = loads_strict(value, what="kv_transfer_params", param="kv_transfer_params")
     if not isinstance(parsed, dict):
         raise MalformedRequest(
             "kv_transfer_params must be the text of a JSON object", param="kv_transfer_params"
@@ -112,8 +115,8 @@ def _to_media_refs(value: object) -> tuple[MediaRef, ...]:
 
 
 def _to_n(value: object) -> int:
-    if type(value) is not int or value < 0:
-        raise MalformedRequest("n must be a non-negative integer", param="n")
+    if type(value) is not int or not 0 <= value <= UINT32_MAX:
+        raise MalformedRequest(f"n must be an integer in 0..{UINT32_MAX}", param="n")
     # The wire reads 0 (unset) as one sample.
     return value or 1
 
@@ -132,7 +135,9 @@ class Request:
     the primary batch first, then the extras. ``kv_transfer_params`` is the text
     of a JSON object, kept verbatim (a mapping is accepted and serialised);
     ``kv_legacy`` is the legacy host/port handoff. ``cache_salt`` is the caller's
-    own salt and is never shown in a repr.
+    own salt. A repr shows none of what an error never echoes either: the salt, the
+    KV parameters (engine ids, hosts, transfer ids) and the legacy host; a batch's
+    repr counts its content hashes instead of showing them.
 
     Raises :class:`~pd_policy.errors.MalformedRequest` when a field is ill-typed or
     fields contradict each other: both or neither input, a placeholder past the
@@ -142,21 +147,18 @@ class Request:
 
     request_id: str = attrs.field(validator=_check_request_id)
     input_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_to_ids)
-    text: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
-    )
+    text: str | None = attrs.field(default=None, validator=instance_of(str, optional=True))
     batches: tuple[MultimodalBatch, ...] = attrs.field(default=(), converter=_to_batches)
     media_refs: tuple[MediaRef, ...] = attrs.field(default=(), converter=_to_media_refs)
     n: int = attrs.field(default=1, converter=_to_n)
-    kv_transfer_params: str | None = attrs.field(default=None, converter=kv_params_text)
+    kv_transfer_params: str | None = attrs.field(
+        default=None, converter=kv_params_text, repr=redacted_repr
+    )
     kv_legacy: LegacyKvParams | None = attrs.field(
-        default=None,
-        validator=attrs.validators.optional(attrs.validators.instance_of(LegacyKvParams)),
+        default=None, validator=instance_of(LegacyKvParams, optional=True), repr=redacted_repr
     )
     cache_salt: str | None = attrs.field(
-        default=None,
-        validator=attrs.validators.optional(attrs.validators.instance_of(str)),
-        repr=_redacted,
+        default=None, validator=instance_of(str, optional=True), repr=redacted_repr
     )
 
     def __attrs_post_init__(self) -> None:

@@ -12,6 +12,7 @@ import enum
 import attrs
 
 from .errors import MalformedRequest
+from .fields import UINT32_MAX, instance_of
 
 __all__ = ["PayloadLocation", "TensorDescriptor"]
 
@@ -35,9 +36,11 @@ def _check_name(_inst: object, _attr: attrs.Attribute[str], value: str) -> None:
 
 
 def _to_shape(value: object) -> tuple[int, ...]:
-    if not isinstance(value, tuple | list) or not all(type(d) is int and d >= 0 for d in value):
+    if not isinstance(value, tuple | list) or not all(
+        type(d) is int and 0 <= d <= UINT32_MAX for d in value
+    ):
         raise MalformedRequest(
-            "a tensor shape must be a sequence of non-negative integers", param="shape"
+            f"a tensor shape must be a sequence of integers in 0..{UINT32_MAX}", param="shape"
         )
     return tuple(value)
 
@@ -57,9 +60,9 @@ class TensorDescriptor:
 
     name: str = attrs.field(validator=_check_name)
     shape: tuple[int, ...] = attrs.field(converter=_to_shape)
-    dtype: str = attrs.field(validator=attrs.validators.instance_of(str))
+    dtype: str = attrs.field(validator=instance_of(str))
     location: PayloadLocation = attrs.field(
-        default=PayloadLocation.INLINE, validator=attrs.validators.instance_of(PayloadLocation)
+        default=PayloadLocation.INLINE, validator=instance_of(PayloadLocation)
     )
     nbytes: int = attrs.field(default=0, validator=_check_nbytes)
 

@@ -9,6 +9,7 @@ from typing import Final
 import attrs
 
 from .errors import MalformedRequest
+from .fields import instance_of
 
 __all__ = [
     "MM_MEDIA_REF_SCHEMES_LABEL",
@@ -47,9 +48,20 @@ class Support(enum.Enum):
 
     @classmethod
     def from_bool(cls, value: bool | None) -> Support:
-        """``True``/``False`` map to ``TRUE``/``FALSE``; ``None`` to ``UNKNOWN``."""
+        """``True``/``False`` map to ``TRUE``/``FALSE``; ``None`` to ``UNKNOWN``.
+
+        Raises :class:`~pd_policy.errors.MalformedRequest` for anything else: a label
+        string such as ``"false"`` is truthy, and reading it as ``TRUE`` would mark a
+        language-model-only worker vision-capable (labels go through
+        :meth:`WorkerCapability.from_labels`).
+        """
         if value is None:
             return cls.UNKNOWN
+        if type(value) is not bool:
+            raise MalformedRequest(
+                f"a support value must be True, False or None, not {type(value).__name__}",
+                param="support",
+            )
         return cls.TRUE if value else cls.FALSE
 
     def to_bool(self) -> bool | None:
@@ -96,13 +108,11 @@ class WorkerCapability:
     and only ``TRUE`` counts.
     """
 
-    supports_vision: Support = attrs.field(
-        default=Support.UNKNOWN, validator=attrs.validators.instance_of(Support)
-    )
+    supports_vision: Support = attrs.field(default=Support.UNKNOWN, validator=instance_of(Support))
     mm_processor: str = attrs.field(default="", validator=_check_processor)
     mm_media_ref_schemes: tuple[str, ...] = attrs.field(default=(), converter=_to_schemes)
     accepts_mm_metadata: Support = attrs.field(
-        default=Support.UNKNOWN, validator=attrs.validators.instance_of(Support)
+        default=Support.UNKNOWN, validator=instance_of(Support)
     )
 
     @property
@@ -128,8 +138,18 @@ class WorkerCapability:
         worker language-model-only, as in the SMG gateway; ``"true"`` makes it
         vision-capable and anything else (or no label) leaves it unknown.
         :data:`MM_METADATA_LABEL` reads the same way.
-        Raises :class:`~pd_policy.errors.MalformedRequest` for an unknown processor.
+        Raises :class:`~pd_policy.errors.MalformedRequest` when ``labels`` is not a
+        mapping of strings to strings.
         """
+        if not isinstance(labels, Mapping):
+            raise MalformedRequest(
+                f"worker labels must be a mapping, not {type(labels).__name__}", param="labels"
+            )
+        for key, value in labels.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise MalformedRequest(
+                    "worker labels must map strings to strings", param=str(key)[:64]
+                )
         support = _LABEL_VALUES.get(labels.get(SUPPORTS_VISION_LABEL, ""), Support.UNKNOWN)
         metadata = _LABEL_VALUES.get(labels.get(MM_METADATA_LABEL, ""), Support.UNKNOWN)
         schemes = labels.get(MM_MEDIA_REF_SCHEMES_LABEL, "")
