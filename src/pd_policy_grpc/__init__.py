@@ -7,6 +7,17 @@ core's semantics, copy no payload a leg drops, and raise the core's errors.
 
 from __future__ import annotations
 
+try:
+    import smg_grpc_proto  # noqa: F401
+
+    import grpc  # noqa: F401
+except ModuleNotFoundError as exc:
+    raise ModuleNotFoundError(
+        f"pd_policy_grpc needs the grpc extra ({exc.name} is missing): "
+        "pip install 'pd-policy[grpc]'",
+        name=exc.name,
+    ) from exc
+
 from .capability import (
     accepts_mm_metadata_from_info,
     capability_from_info,

@@ -12,9 +12,15 @@
   :class:`DecodeEngine` does both for a live ``LLM``.
 
 Importing this package does not import vLLM; the functions do, when they need it.
+Without it, :func:`decode_inputs` and :func:`supported_modalities` raise
+``ModuleNotFoundError`` naming the extra to install: ``pd-policy[vllm]``.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 from .engine import DecodeEngine, generate_one
 from .facts import engine_facts
@@ -23,6 +29,37 @@ from .model_config import model_config_of
 from .probe import probe_mm_inputs
 from .prompt import KV_TRANSFER_PARAMS_KEY, DecodeInputs, decode_inputs, kv_transfer_params
 from .vision import accepts_mm_metadata, media_processor_advert, supports_vision
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+# What these functions import when called: vLLM, and torch and transformers with it.
+_VLLM_MODULES = frozenset({"vllm", "torch", "transformers"})
+
+
+def _needs_vllm(function: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``function``, whose missing vLLM is a ``ModuleNotFoundError`` naming the extra."""
+
+    @functools.wraps(function)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return function(*args, **kwargs)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] not in _VLLM_MODULES:
+                raise
+            raise ModuleNotFoundError(
+                f"{function.__name__} needs vLLM ({exc.name} is missing): "
+                "pip install 'pd-policy[vllm]'",
+                name=exc.name,
+            ) from exc
+
+    return call
+
+
+# Rebound through globals(), so the docs and type checkers keep seeing the functions themselves.
+for _name in ("decode_inputs", "supported_modalities"):
+    globals()[_name] = _needs_vllm(globals()[_name])
+del _name
 
 __all__ = [
     "KV_TRANSFER_PARAMS_KEY",

@@ -21,10 +21,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import aiohttp
 import attrs
-from aiohttp import web
-from aiohttp.log import access_logger
+
+try:
+    import aiohttp
+    from aiohttp import web
+    from aiohttp.log import access_logger
+except ModuleNotFoundError as exc:
+    raise ModuleNotFoundError(
+        f"{__name__} needs the http extra ({exc.name} is missing): pip install 'pd-policy[http]'",
+        name=exc.name,
+    ) from exc
 
 from pd_policy import InvalidConfiguration, KvConnectorMode, PrefillKv, Support, WorkerCapability
 

@@ -23,8 +23,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
-import aiohttp
-from aiohttp import web
+try:
+    import aiohttp
+    from aiohttp import web
+except ModuleNotFoundError as exc:
+    raise ModuleNotFoundError(
+        f"{__name__} needs the http extra ({exc.name} is missing): pip install 'pd-policy[http]'",
+        name=exc.name,
+    ) from exc
 
 from pd_policy import (
     DecodeCandidate,
