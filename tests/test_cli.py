@@ -44,7 +44,7 @@ def test_explain_a_stripped_leg(files: dict[str, str]) -> None:
     )
     assert status == 0
     assert "TEXT_PLUS_HASHES" in out
-    assert "KV relayed" in out
+    assert "1 hash, KV" in out
     assert "mm1:" in out
     assert "tenant-secret" not in out
 
@@ -74,9 +74,17 @@ def test_explain_refusals(files: dict[str, str]) -> None:
         "--json",
     )
     assert (status, json.loads(out)["status"]) == (1, 502)
+
+
+
+def test_explain_a_malformed_request_is_an_input_error_naming_file_and_field(
+    files: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A request the codec refuses is the command's input error (2), not a refusal (1).
     status, out = run("explain", files["bad"], "--decode-worker", files["vision"], "--json")
-    assert status == 1
-    assert json.loads(out)["error"]["param"] == "n"
+    assert (status, out) == (2, "")
+    line = capsys.readouterr().err
+    assert line.count("\n") == 1 and files["bad"] in line and "n:" in line
 
 
 def test_explain_unreadable_input(files: dict[str, str], tmp_path: Path) -> None:
@@ -112,7 +120,11 @@ def test_demo_runs_every_scenario() -> None:
         "text_plus_hashes",
     ]
     status, table = run("demo")
-    assert all(s.name in table for s in SCENARIOS)
+    lines = table.splitlines()
+    assert status == 0 and max(map(len, lines)) <= 100  # fits a terminal, legend included
+    assert sum(line[:1].isdigit() for line in lines) == len(SCENARIOS)
+    for short in ("missing_kv", "LM+meta", "refused: mrope", "pl: placeholder ranges"):
+        assert short in table  # each short form is in the table and the legend explains it
 
 
 def test_python_dash_m() -> None:

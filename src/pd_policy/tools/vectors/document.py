@@ -8,6 +8,7 @@ from typing import Any, Final
 
 import attrs
 
+from pd_policy.errors import MalformedRequest
 from pd_policy.salt import SALT_FOLD_VERSION
 
 from .cases import all_cases
@@ -50,13 +51,36 @@ def dumps(document: Mapping[str, Any]) -> str:
     return json.dumps(document, indent=1, sort_keys=True, ensure_ascii=True) + "\n"
 
 
-def run_vectors(document: Mapping[str, Any]) -> dict[str, Any]:
-    """This implementation's results for a vectors document, in the results format."""
-    return {
-        "format": f"{FORMAT}-results",
-        "version": VECTORS_VERSION,
-        "results": [{"id": c["id"], "outcome": run_case(c)} for c in document["cases"]],
-    }
+def _items(document: object, key: str, what: str) -> list[Mapping[str, Any]]:
+    """``document[key]``: a list of objects, each with a string ``id``."""
+    if not isinstance(document, Mapping):
+        raise MalformedRequest(f"a {what} document must be a JSON object", param=None)
+    items = document.get(key)
+    if not isinstance(items, list):
+        raise MalformedRequest(f"a {what} document needs a list of {key}", param=key)
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise MalformedRequest(f"each of {key} must be an object", param=f"{key}[{i}]")
+        if not isinstance(item.get("id"), str):
+            raise MalformedRequest("needs a string id", param=f"{key}[{i}].id")
+    return items
+
+
+def run_vectors(document: object) -> dict[str, Any]:
+    """This implementation's results for a vectors document, in the results format.
+
+    Raises :class:`~pd_policy.errors.MalformedRequest` whose ``param`` names the
+    case and field for a document of the wrong shape (see :func:`run_case`).
+    """
+    results = []
+    for i, case in enumerate(_items(document, "cases", "vectors")):
+        try:
+            outcome = run_case(case)
+        except MalformedRequest as exc:
+            where = f"cases[{i}]" + (f".{exc.param}" if exc.param else "")
+            raise MalformedRequest(f"case {case['id']!r}: {exc.message}", where) from None
+        results.append({"id": case["id"], "outcome": outcome})
+    return {"format": f"{FORMAT}-results", "version": VECTORS_VERSION, "results": results}
 
 
 @attrs.frozen(slots=True)
@@ -70,16 +94,25 @@ class Mismatch:
         return f"{self.case_id}: {self.detail}"
 
 
-def compare_results(vectors: Mapping[str, Any], results: Mapping[str, Any]) -> list[Mismatch]:
+def compare_results(vectors: object, results: object) -> list[Mismatch]:
     """Every case whose outcome in ``results`` differs from the expected one, or is missing.
 
     Only the outcome's data counts (status, form, leg, salts, error code and
-    param); error messages are free to differ.
+    param); error messages are free to differ. Raises
+    :class:`~pd_policy.errors.MalformedRequest` naming the field for documents of
+    the wrong shape (a case without ``expected``, a result without ``outcome``).
     """
-    theirs = {r["id"]: r["outcome"] for r in results.get("results", [])}
+    cases = _items(vectors, "cases", "vectors")
+    theirs: dict[str, Mapping[str, Any]] = {}
+    for i, result in enumerate(_items(results, "results", "results")):
+        if not isinstance(result.get("outcome"), Mapping):
+            raise MalformedRequest("needs an outcome object", param=f"results[{i}].outcome")
+        theirs[result["id"]] = result["outcome"]
     mismatches = []
-    for case in vectors["cases"]:
+    for i, case in enumerate(cases):
         case_id = case["id"]
+        if not isinstance(case.get("expected"), Mapping):
+            raise MalformedRequest("needs an expected outcome", param=f"cases[{i}].expected")
         if case_id not in theirs:
             mismatches.append(Mismatch(case_id, "no result"))
             continue
@@ -91,6 +124,6 @@ def compare_results(vectors: Mapping[str, Any], results: Mapping[str, Any]) -> l
                         case_id, f"{key}: expected {expected.get(key)!r}, got {actual.get(key)!r}"
                     )
                 )
-    known = {c["id"] for c in vectors["cases"]}
+    known = {c["id"] for c in cases}
     mismatches += [Mismatch(i, "not a case of these vectors") for i in theirs if i not in known]
     return mismatches

@@ -9,49 +9,84 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar, cast
 
 from pd_policy.batch import Modality
 from pd_policy.codec import request_from_json, request_to_json, worker_from_json
 from pd_policy.connectors import KvConnectorMode, PrefillKv, connector_mode, plan_kv_handoff
-from pd_policy.errors import PolicyError
+from pd_policy.errors import InvalidConfiguration, MalformedRequest, PolicyError
 from pd_policy.legs import ensure_language_model_only_leg
 from pd_policy.prefill import prefill_leg
 from pd_policy.request import LegacyKvParams
 from pd_policy.salt import fold_salt, upstream_cache_salt
 from pd_policy.selection import DecodeCandidate, ensure_model_accepts_media, select_decode_workers
 from pd_policy.tools.outcome import PrefillResult, plan
+from pd_policy.worker import WorkerCapability
 
-__all__ = ["run_case"]
+__all__ = ["OPERATIONS", "run_case"]
+
+T = TypeVar("T")
+_MISSING: Final = object()
+_KINDS: Final = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    int: "an integer",
+    bool: "a boolean",
+}
 
 
 def _error(exc: PolicyError) -> dict[str, Any]:
     return {"status": exc.status, "error_code": exc.code, "error_param": exc.param}
 
 
+def _field(case: Mapping[str, Any], key: str, kind: type[T], *, default: Any = _MISSING) -> T:
+    """``case[key]``, a ``kind``; a missing or ill-typed field is the document's fault."""
+    if key not in case:
+        if default is _MISSING:
+            raise MalformedRequest("missing required field", param=key)
+        return cast(T, default)
+    value = case[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise MalformedRequest(f"must be {_KINDS.get(kind, kind.__name__)}", param=key)
+    return value
+
+
+def _opt_field(case: Mapping[str, Any], key: str, kind: type[T]) -> T | None:
+    return None if case.get(key) is None else _field(case, key, kind)
+
+
 def _plan_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
+    raw_request, raw_worker = _field(case, "request", dict), _field(case, "decode_worker", dict)
     try:
-        request = request_from_json(case["request"])
-        worker = worker_from_json(case["decode_worker"])
+        # A request or worker the codec refuses is what a "malformed" case is about.
+        request, worker = request_from_json(raw_request), worker_from_json(raw_worker)
     except PolicyError as exc:
         return _error(exc)
     prefill = None
     if "prefill" in case:
-        returned = case["prefill"].get("kv_transfer_params")
-        legacy = case["prefill"].get("kv_transfer_params_legacy")
+        spec = _field(case, "prefill", dict)
+        returned = _opt_field(spec, "kv_transfer_params", dict)
+        legacy = _opt_field(spec, "kv_transfer_params_legacy", dict)
         prefill = PrefillResult(
             None if returned is None else json.dumps(returned, separators=(",", ":")),
             None
             if legacy is None
-            else LegacyKvParams(legacy["remote_host"], legacy["remote_port"]),
+            else LegacyKvParams(
+                _field(legacy, "remote_host", str), _field(legacy, "remote_port", int)
+            ),
         )
     outcome = plan(request, worker, prefill)
     return _error(outcome.error) if outcome.error is not None else outcome.served_json()
 
 
+def _workers(case: Mapping[str, Any], key: str) -> list[WorkerCapability]:
+    return [worker_from_json(w) for w in _field(case, key, list)]
+
+
 def _select_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
-    request = request_from_json(case["request"])
-    candidates = [DecodeCandidate(worker_from_json(w), i) for i, w in enumerate(case["candidates"])]
+    request = request_from_json(_field(case, "request", dict))
+    candidates = [DecodeCandidate(w, i) for i, w in enumerate(_workers(case, "candidates"))]
     try:
         chosen = select_decode_workers(request, candidates)
     except PolicyError as exc:
@@ -60,49 +95,80 @@ def _select_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _media_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
-    request = request_from_json(case["request"])
+    request = request_from_json(_field(case, "request", dict))
+    workers = _workers(case, "workers")
     try:
-        ensure_model_accepts_media(request, [worker_from_json(w) for w in case["workers"]])
+        ensure_model_accepts_media(request, workers)
     except PolicyError as exc:
         return _error(exc)
     return {"status": 200}
 
 
 def _guard_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
+    request = request_from_json(_field(case, "request", dict))
+    uses_mrope = _field(case, "uses_mrope", bool, default=False)
+    takes = _field(case, "takes_mm_metadata", bool, default=False)
     try:
-        ensure_language_model_only_leg(
-            request_from_json(case["request"]),
-            uses_mrope=case.get("uses_mrope", False),
-            takes_mm_metadata=case.get("takes_mm_metadata", False),
-        )
+        ensure_language_model_only_leg(request, uses_mrope=uses_mrope, takes_mm_metadata=takes)
     except PolicyError as exc:
         return _error(exc)
     return {"status": 200}
 
 
+def _identity(item: object) -> tuple[Modality, str]:
+    if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+        raise MalformedRequest("each identity must be [modality, hash]", param="identities")
+    try:
+        return Modality(item[0]), item[1]
+    except ValueError:
+        raise MalformedRequest("an identity names an unknown modality", "identities") from None
+
+
 def _salt_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
-    identities = [(Modality(m), h) for m, h in case["identities"]]
+    identities = [_identity(i) for i in _field(case, "identities", list)]
+    caller = _opt_field(case, "caller_salt", str)
     return {
         "status": 200,
-        "cache_salt": fold_salt(identities, case["caller_salt"]),
+        "cache_salt": fold_salt(identities, caller),
         "upstream_cache_salt": upstream_cache_salt(h for _, h in identities),
     }
 
 
 def _connector_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
+    name = _field(case, "kv_connector", str)
     try:
-        return {"status": 200, "mode": connector_mode(case["kv_connector"]).value}
+        return {"status": 200, "mode": connector_mode(name).value}
     except PolicyError as exc:
         return _error(exc)
+
+
+_PREFILL_KV_KEYS: Final = frozenset(
+    {"engine_id", "bootstrap_host", "bootstrap_port", "dp_size", "dp_rank"}
+)
+
+
+def _prefill_kv(spec: Mapping[str, Any]) -> PrefillKv:
+    mode = _field(spec, "mode", str)
+    unknown = sorted(set(spec) - _PREFILL_KV_KEYS - {"mode"})
+    if unknown:
+        raise MalformedRequest("unknown field", param=f"prefill_kv.{unknown[0]}")
+    try:
+        kind = KvConnectorMode(mode)
+    except ValueError:
+        raise MalformedRequest("an unknown connector mode", param="prefill_kv.mode") from None
+    options = {k: v for k, v in spec.items() if k != "mode"}
+    return PrefillKv(kind, **options)
 
 
 def _handoff_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
-    spec = dict(case["prefill_kv"])
+    spec = _field(case, "prefill_kv", dict)
+    n = _field(case, "n", int)
+    transfer_id = _opt_field(case, "transfer_id", str)
     try:
-        kv = PrefillKv(KvConnectorMode(spec.pop("mode")), **spec)
-    except PolicyError as exc:
+        kv = _prefill_kv(spec)
+        handoff = plan_kv_handoff(kv, n=n, transfer_id=transfer_id)
+    except InvalidConfiguration as exc:
         return _error(exc)
-    handoff = plan_kv_handoff(kv, n=case["n"], transfer_id=case["transfer_id"])
     legacy = handoff.decode_legacy
     outcome: dict[str, Any] = {
         "status": 200,
@@ -118,13 +184,13 @@ def _handoff_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
         "dp_rank": handoff.dp_rank,
     }
     if "request" in case and handoff.runs_prefill:
-        outcome["prefill_leg"] = request_to_json(
-            prefill_leg(request_from_json(case["request"]), handoff)
-        )
+        request = request_from_json(_field(case, "request", dict))
+        outcome["prefill_leg"] = request_to_json(prefill_leg(request, handoff))
     return outcome
 
 
-_OPERATIONS: Final[dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]]] = {
+#: Every operation a case may name, and what it runs.
+OPERATIONS: Final[dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]]] = {
     "plan": _plan_outcome,
     "connector_mode": _connector_outcome,
     "kv_handoff": _handoff_outcome,
@@ -136,8 +202,21 @@ _OPERATIONS: Final[dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]]] = {
 
 
 def run_case(case: Mapping[str, Any]) -> dict[str, Any]:
-    """This implementation's outcome for one case (its ``operation`` and input)."""
-    return _OPERATIONS[case["operation"]](case)
+    """This implementation's outcome for one case (its ``operation`` and input).
+
+    A policy error the case is about is its outcome, as data. A case of the wrong
+    shape (not an object, an unknown operation, a missing or ill-typed field)
+    raises :class:`~pd_policy.errors.MalformedRequest` whose ``param`` names the
+    field.
+    """
+    if not isinstance(case, Mapping):
+        raise MalformedRequest("a case must be an object", param=None)
+    operation = _field(case, "operation", str)
+    if operation not in OPERATIONS:
+        raise MalformedRequest(
+            f"an unknown operation (one of: {', '.join(OPERATIONS)})", "operation"
+        )
+    return OPERATIONS[operation](case)
 
 
 # --- the cases ---------------------------------------------------------------------
