@@ -27,7 +27,7 @@ class Modality(enum.Enum):
 class PlaceholderRange:
     """Where one item's placeholder tokens sit in ``input_ids``: ``[offset, offset+length)``.
 
-    Raises :class:`~pd_policy.errors.MalformedRequest` for an offset or a length that
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] for an offset or a length that
     is not a ``uint32``, or a length below one.
     """
 
@@ -120,7 +120,7 @@ class MultimodalBatch:
     hashes, in item order: they are the identity of the media, and the only part
     of a batch a language-model-only decode leg keeps.
 
-    Raises :class:`~pd_policy.errors.MalformedRequest` for ill-typed fields, an
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] for ill-typed fields, an
     empty hash, a tensor named twice, a pixel tensor not named ``pixel_values``,
     or a placeholder count that differs from a non-empty hash count.
     """

@@ -28,7 +28,7 @@ __all__ = ["ERROR_CATALOG", "CatalogEntry"]
 
 @attrs.frozen(slots=True)
 class CatalogEntry:
-    """One row of :data:`ERROR_CATALOG`."""
+    """One row of [`ERROR_CATALOG`][pd_policy.catalog.ERROR_CATALOG]."""
 
     code: str
     #: The HTTP status, or ``None`` when it is mapped from the worker's gRPC status.

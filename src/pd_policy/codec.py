@@ -2,7 +2,7 @@
 
 Used by the CLI, the docs and the conformance vectors. Decoding is strict: an
 unknown key, a missing required key or a value of the wrong type raises
-:class:`~pd_policy.errors.MalformedRequest` whose ``param`` names the field by
+[`MalformedRequest`][pd_policy.errors.MalformedRequest] whose ``param`` names the field by
 its path (``batches[0].tensors.image_grid_thw.shape``). Encoding is the exact
 inverse: ``request_from_json(request_to_json(r)) == r``.
 """
@@ -241,7 +241,8 @@ def request_from_json(value: object) -> Request:
 
 
 def request_to_json(request: Request) -> dict[str, Any]:
-    """Encode a request as its JSON form; the inverse of :func:`request_from_json`."""
+    """Encode a request as its JSON form; the inverse of
+    [`request_from_json`][pd_policy.codec.request_from_json]."""
     out: dict[str, Any] = {"request_id": request.request_id}
     if request.input_ids is not None:
         out["input_ids"] = list(request.input_ids)
@@ -289,7 +290,8 @@ def worker_from_json(value: object) -> WorkerCapability:
 
 
 def worker_to_json(worker: WorkerCapability) -> dict[str, Any]:
-    """Encode a worker capability; the inverse of :func:`worker_from_json`."""
+    """Encode a worker capability; the inverse of
+    [`worker_from_json`][pd_policy.codec.worker_from_json]."""
     out = {
         "supports_vision": worker.supports_vision.to_bool(),
         "mm_processor": worker.mm_processor,

@@ -15,7 +15,8 @@ one of three handoff contracts, read off the *prefill* worker:
 The handoff has a single consumer, so a request with n>1 gets no prefill leg
 at all: its decode leg runs alone and recomputes the prompt.
 
-:func:`plan_kv_handoff` turns these rules into data, :class:`KvHandoff`, so
+[`plan_kv_handoff`][pd_policy.connectors.plan_kv_handoff] turns these rules into data,
+[`KvHandoff`][pd_policy.connectors.KvHandoff], so
 every adapter applies the same plan.
 """
 
@@ -90,8 +91,9 @@ def connector_mode(kv_connector: str) -> KvConnectorMode:
     """The handoff contract of the connector class named ``kv_connector``.
 
     The name is matched exactly, as vLLM registers it. Raises
-    :class:`~pd_policy.errors.InvalidConfiguration` for a name not in
-    :data:`CONNECTOR_MODES`: guessing would either tag a prefill its connector
+    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a name not in
+    [`CONNECTOR_MODES`][pd_policy.connectors.CONNECTOR_MODES]: guessing would either tag a prefill
+    its connector
     ignores or leave untagged one that needs it, and then every image request
     fails its handoff. Name the mode explicitly for such a connector.
     """
@@ -131,7 +133,7 @@ class PrefillKv:
     the operator's Mooncake bootstrap port; ``dp_size`` and ``dp_rank`` are its
     data parallelism and the rank this router pins, if any.
 
-    Raises :class:`~pd_policy.errors.InvalidConfiguration` for Mooncake
+    Raises [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for Mooncake
     without a bootstrap host, a port outside 1..65535, a data-parallel size
     below 1, or a rank outside it.
     """
@@ -218,7 +220,8 @@ def plan_kv_handoff(kv: PrefillKv, *, n: int, transfer_id: str | None = None) ->
     """The handoff for a request asking for ``n`` samples (0 means 1), through ``kv``.
 
     ``transfer_id`` is the id a Mooncake transfer is minted with; ``None``
-    mints a fresh one (:func:`mint_transfer_id`). Pure given ``transfer_id``.
+    mints a fresh one ([`mint_transfer_id`][pd_policy.connectors.mint_transfer_id]). Pure given
+    ``transfer_id``.
     """
     legacy = None
     engine_id = kv.mooncake_engine_id if kv.mode is KvConnectorMode.MOONCAKE else None

@@ -40,13 +40,15 @@ def decide_decode_form(
     takes_mm_metadata: bool = False,
     metadata_gap: MropeOnLanguageModelOnlyDecode | None = None,
 ) -> DecodeForm:
-    """The decision of :func:`sequential_pd_decode_form`, over the facts it reads.
+    """The decision of [`sequential_pd_decode_form`][pd_policy.decision.sequential_pd_decode_form],
+    over the facts it reads.
 
     Adapters that read the facts straight off a wire message call this, so that
     the decision has one implementation. ``n`` of 0 means one sample.
     ``takes_mm_metadata``: the worker is language-model-only and says it takes
-    multimodal metadata (:attr:`~pd_policy.WorkerCapability.takes_mm_metadata`);
-    ``metadata_gap``: what :func:`~pd_policy.mrope.mrope_metadata_gap` found
+    multimodal metadata
+    ([`takes_mm_metadata`][pd_policy.worker.WorkerCapability.takes_mm_metadata]);
+    ``metadata_gap``: what [`mrope_metadata_gap`][pd_policy.mrope.mrope_metadata_gap] found
     missing for such a worker (``None``: nothing). Raises the same carve-out
     errors, in the same order.
     """
@@ -79,15 +81,17 @@ def sequential_pd_decode_form(request: Request, decode_worker: WorkerCapability)
     A language-model-only worker gets ``TEXT_PLUS_HASHES`` (text requests too,
     n>1 included) unless a carve-out applies, checked in this order:
 
-    1. M-RoPE grid tensors: :class:`~pd_policy.errors.MropeOnLanguageModelOnlyDecode`,
+    1. M-RoPE grid tensors:
+       [`MropeOnLanguageModelOnlyDecode`][pd_policy.errors.MropeOnLanguageModelOnlyDecode],
        unless the worker takes multimodal metadata
-       (:attr:`~pd_policy.WorkerCapability.takes_mm_metadata`). Such a worker
+       ([`takes_mm_metadata`][pd_policy.worker.WorkerCapability.takes_mm_metadata]). Such a worker
        gets ``MROPE_METADATA`` for n<=1 when every batch carries what it needs
-       (:func:`~pd_policy.mrope.mrope_metadata_gap`), and otherwise the media
+       ([`mrope_metadata_gap`][pd_policy.mrope.mrope_metadata_gap]), and otherwise the media
        references, n>1 or M-RoPE refusal that says what is missing;
-    2. media references: :class:`~pd_policy.errors.MediaRefsOnLanguageModelOnlyDecode`;
+    2. media references:
+       [`MediaRefsOnLanguageModelOnlyDecode`][pd_policy.errors.MediaRefsOnLanguageModelOnlyDecode];
     3. n>1 with multimodal batches:
-       :class:`~pd_policy.errors.NSamplesOnLanguageModelOnlyDecode`.
+       [`NSamplesOnLanguageModelOnlyDecode`][pd_policy.errors.NSamplesOnLanguageModelOnlyDecode].
 
     All of them are non-retryable 400s.
     """

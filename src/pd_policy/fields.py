@@ -1,7 +1,7 @@
 """Field checks for the core's frozen types: a typed 400 naming the field, never its value.
 
 Every constructor refuses an ill-typed field with
-:class:`~pd_policy.errors.MalformedRequest` whose ``param`` is the field's name
+[`MalformedRequest`][pd_policy.errors.MalformedRequest] whose ``param`` is the field's name
 and whose message names the expected and the received *type*: a value may be a
 salt, a URL or a host, and an error is returned to clients.
 
@@ -35,7 +35,7 @@ def instance_of(
 ) -> _Check:
     """A validator: the value is a ``kind`` (or ``None`` when ``optional``); a ``bool`` is
     never taken for an ``int``. Raises ``error`` (a router's configuration raises
-    :class:`~pd_policy.errors.InvalidConfiguration`)."""
+    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration])."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
     expected = " or ".join(k.__name__ for k in kinds) + (" or None" if optional else "")
 

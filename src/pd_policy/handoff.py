@@ -21,7 +21,7 @@ def relay_kv(
 
     The handoff has a single consumer, so nothing is relayed when ``leg.n > 1``.
     Parameters the prefill did not return leave the leg's own (if any) in place.
-    Raises :class:`~pd_policy.errors.MalformedRequest` if the parameters are
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] if the parameters are
     not a JSON object.
     """
     if not leg.relays_kv or (kv_transfer_params is None and kv_legacy is None):
@@ -37,14 +37,15 @@ def relay_kv(
 def ensure_kv_handoff(original: Request, form: DecodeForm, leg: Request) -> None:
     """The post-prefill check: refuse a stripped multimodal leg that has no KV handoff.
 
-    Fires when the leg (after :func:`relay_kv`) carries neither KV parameter
+    Fires when the leg (after [`relay_kv`][pd_policy.handoff.relay_kv]) carries neither KV parameter
     form and either the form is ``TEXT_PLUS_HASHES`` and the original request
     has multimodal batches (decode would recompute the prompt as text and
     answer image-blind), or the form is ``MROPE_METADATA`` (decode would have
     to encode the image, with no encoder). A text request keeps the
     local-recompute fallback.
 
-    Raises :class:`~pd_policy.errors.MissingKvTransferParams` (502, non-retryable).
+    Raises [`MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams] (502,
+    non-retryable).
     """
     check_kv_handoff(
         form,
@@ -56,10 +57,12 @@ def ensure_kv_handoff(original: Request, form: DecodeForm, leg: Request) -> None
 def check_kv_handoff(
     form: DecodeForm, *, has_mm_inputs: bool, has_kv_transfer_params: bool
 ) -> None:
-    """The check of :func:`ensure_kv_handoff`, over the facts it reads.
+    """The check of [`ensure_kv_handoff`][pd_policy.handoff.ensure_kv_handoff], over the facts it
+    reads.
 
     Adapters that read the facts off a wire message call this, so the rule has
-    one implementation. Raises :class:`~pd_policy.errors.MissingKvTransferParams`.
+    one implementation. Raises
+    [`MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams].
     """
     if has_kv_transfer_params:
         return

@@ -4,7 +4,7 @@ The standard library takes the last of two equal keys, ``NaN`` and
 ``Infinity``, and fails with a ``RecursionError`` on deep nesting. A document
 that two readers could take differently (a gateway that keeps the first key, an
 engine that keeps the last) is refused instead, with
-:class:`~pd_policy.errors.MalformedRequest` whose message gives the position and
+[`MalformedRequest`][pd_policy.errors.MalformedRequest] whose message gives the position and
 never the content: JSON here carries KV parameters, hosts and salts.
 """
 
@@ -49,7 +49,7 @@ _DECODER = json.JSONDecoder(
 def loads_strict(text: str | bytes, *, what: str = "the document", param: str = "") -> Any:
     """Parse ``text`` (UTF-8 when bytes) as strict JSON.
 
-    Raises :class:`~pd_policy.errors.MalformedRequest` (``param`` as given) naming
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] (``param`` as given) naming
     ``what`` for text that is not UTF-8 or not JSON, an object with a key twice,
     ``NaN``, ``Infinity`` or a number beyond a double's range, and nesting deeper
     than the interpreter can follow.

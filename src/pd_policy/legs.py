@@ -1,4 +1,5 @@
-"""Building the decode leg: what each :class:`DecodeForm` keeps of the request.
+"""Building the decode leg: what each [`DecodeForm`][pd_policy.decision.DecodeForm] keeps of the
+request.
 
 Every builder is pure: the input request is never changed (the prefill leg must
 stay byte-for-byte what the router built, pixels and references included).
@@ -57,7 +58,7 @@ def mm_identity(batch: MultimodalBatch) -> MultimodalBatch | None:
     ``batched_keys`` and ``keep_on_cpu_keys`` keep only the tensors that remain.
 
     Beyond upstream: every kept grid is listed in ``keep_on_cpu_keys``
-    (:func:`~pd_policy.mrope.grids_kept_on_cpu`).
+    ([`grids_kept_on_cpu`][pd_policy.mrope.grids_kept_on_cpu]).
     """
     if not batch.mm_hashes:
         return None
@@ -90,7 +91,7 @@ def mm_identity(batch: MultimodalBatch) -> MultimodalBatch | None:
 def identity_only(request: Request) -> Request:
     """The identity-only decode leg, for a vision-capable decode worker that takes KV.
 
-    Each batch becomes :func:`mm_identity` of itself (hash-less batches are
+    Each batch becomes [`mm_identity`][pd_policy.legs.mm_identity] of itself (hash-less batches are
     dropped); media references are kept, since that worker expands them itself.
     Everything else is kept verbatim.
     """
@@ -101,14 +102,17 @@ def identity_only(request: Request) -> Request:
 def metadata_only(request: Request) -> Request:
     """The M-RoPE metadata decode leg, for a language-model-only worker that takes it.
 
-    Each batch becomes :func:`mm_identity` of itself: its hashes, placeholders,
+    Each batch becomes [`mm_identity`][pd_policy.legs.mm_identity] of itself: its hashes,
+    placeholders,
     image token id and inline M-RoPE grids (with their sizes tensors), every
     grid listed in ``keep_on_cpu_keys``; no pixels and no other tensor. Media
     references are dropped. The ids, the KV parameters and the caller's salt
     are kept (the worker's vLLM keys its prefix-cache blocks by the hashes).
 
-    Raises :class:`~pd_policy.errors.MropeOnLanguageModelOnlyDecode` when the
-    request lacks what such a worker needs (:func:`~pd_policy.mrope.mrope_metadata_gap`),
+    Raises [`MropeOnLanguageModelOnlyDecode`][pd_policy.errors.MropeOnLanguageModelOnlyDecode] when
+    the
+    request lacks what such a worker needs
+    ([`mrope_metadata_gap`][pd_policy.mrope.mrope_metadata_gap]),
     so no incomplete leg is ever built.
     """
     gap = mrope_metadata_gap(request)
@@ -134,7 +138,8 @@ def build_decode_leg(
 ) -> tuple[DecodeForm, Request]:
     """Decide the form for ``decode_worker`` and build the leg.
 
-    Raises the carve-out errors of :func:`~pd_policy.sequential_pd_decode_form`.
+    Raises the carve-out errors of
+    [`sequential_pd_decode_form`][pd_policy.decision.sequential_pd_decode_form].
     """
     form = sequential_pd_decode_form(request, decode_worker)
     return form, decode_leg(request, form)
@@ -148,23 +153,25 @@ def ensure_language_model_only_leg(
     The worker-side guard: a leg for such an engine must be a plain token prompt
     plus content hashes. Raises, in this order, the decision's carve-outs
     (M-RoPE grids, media references, n>1 with batches), then
-    :class:`~pd_policy.errors.MultimodalNotSupported` for a batch that still
+    [`MultimodalNotSupported`][pd_policy.errors.MultimodalNotSupported] for a batch that still
     carries pixels, tensors or placeholders. vLLM would otherwise fail deep in
     its input processor ("exceeds the pre-allocated encoder cache size 0").
 
     ``uses_mrope`` is the worker's own knowledge that its model's positions are
     M-RoPE (vLLM's ``ModelConfig.uses_mrope``). A stripped leg has lost its grids,
     so only the worker can tell: a leg that still names media is then refused
-    with :class:`~pd_policy.errors.MropeOnLanguageModelOnlyDecode`, since decode
+    with [`MropeOnLanguageModelOnlyDecode`][pd_policy.errors.MropeOnLanguageModelOnlyDecode], since
+    decode
     would rotate the image's tokens, and every token after them, as text.
 
     ``takes_mm_metadata``: the engine takes multimodal metadata without an
     encoder (a KV consumer with ``allow_missing_mm_embeddings``). It then also
-    serves an M-RoPE metadata leg (:func:`metadata_only`): one complete for
-    it (:func:`~pd_policy.mrope.mrope_metadata_gap`), with no pixels and no
+    serves an M-RoPE metadata leg ([`metadata_only`][pd_policy.legs.metadata_only]): one complete
+    for
+    it ([`mrope_metadata_gap`][pd_policy.mrope.mrope_metadata_gap]), with no pixels and no
     tensor but its grids and their sizes, and with the prefill's KV parameters.
     A metadata leg without them is refused with
-    :class:`~pd_policy.errors.MissingKvTransferParams`: vLLM would try to
+    [`MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams]: vLLM would try to
     encode the image, and with no encoder its engine dies (in-process, the next
     request hangs).
     """

@@ -35,7 +35,8 @@ def prefill_leg(request: Request, handoff: KvHandoff) -> Request:
 
     One sample (``n=1``); the KV parameters ``handoff.prefill_params`` when it
     tags the leg, the request's own otherwise; every batch through
-    :func:`prefill_batch`. The input is never changed. Raises ``ValueError``
+    [`prefill_batch`][pd_policy.prefill.prefill_batch]. The input is never changed. Raises
+    ``ValueError``
     for a handoff that runs no prefill (n>1).
     """
     if not handoff.runs_prefill:

@@ -139,7 +139,7 @@ class Request:
     KV parameters (engine ids, hosts, transfer ids) and the legacy host; a batch's
     repr counts its content hashes instead of showing them.
 
-    Raises :class:`~pd_policy.errors.MalformedRequest` when a field is ill-typed or
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] when a field is ill-typed or
     fields contradict each other: both or neither input, a placeholder past the
     end of ``input_ids``, placeholders on a text request, media references on a
     text request or together with batches.

@@ -15,7 +15,8 @@ the fold here:
 * has a bounded length (``mm1:`` and 64 hex digits) however many images;
 * is versioned by its prefix.
 
-:func:`upstream_cache_salt` gives SMG's exact format, for parity with its servicers.
+[`upstream_cache_salt`][pd_policy.salt.upstream_cache_salt] gives SMG's exact format, for parity
+with its servicers.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def upstream_cache_salt(hashes: Iterable[str]) -> str | None:
     """SMG's servicer format, for parity: ``"mm:" + ",".join(hashes)``, or ``None``.
 
     It drops the caller's salt and modality, and is ambiguous when a hash holds a
-    comma; prefer :func:`fold_salt`.
+    comma; prefer [`fold_salt`][pd_policy.salt.fold_salt].
     """
     items = tuple(hashes)
     return "mm:" + ",".join(items) if items else None
@@ -101,7 +102,8 @@ def decode_cache_salt(leg: Request) -> str | None:
     """The ``cache_salt`` a decode worker gives a leg it serves.
 
     A leg whose batches carry no pixels or tensors reaches the engine as a plain
-    token prompt, so its identities are folded in (:func:`fold_cache_salt`). A
+    token prompt, so its identities are folded in
+    ([`fold_cache_salt`][pd_policy.salt.fold_cache_salt]). A
     leg with payload is processed as multimodal input, and vLLM puts the item
     hashes into its block keys itself; the caller's salt is kept as is.
     """

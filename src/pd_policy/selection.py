@@ -41,7 +41,8 @@ def select_decode_workers(
 ) -> list[DecodeCandidate[T]]:
     """The candidates that can serve ``request``, in the caller's order of preference.
 
-    A candidate can serve it exactly when :func:`pd_policy.sequential_pd_decode_form`
+    A candidate can serve it exactly when
+    [`pd_policy.sequential_pd_decode_form`][pd_policy.decision.sequential_pd_decode_form]
     would not raise for it. The decision depends on the worker only through
     whether it is language-model-only and whether it takes multimodal metadata,
     so it is made at most once for each of the two kinds of language-model-only
@@ -49,7 +50,7 @@ def select_decode_workers(
 
     Raises, when no candidate can serve the request, the carve-out error that
     explains why (for the first candidate in the caller's order), before any
-    preprocessing; :class:`~pd_policy.errors.NoDecodeWorkerAvailable` (503)
+    preprocessing; [`NoDecodeWorkerAvailable`][pd_policy.errors.NoDecodeWorkerAvailable] (503)
     when there are no candidates at all.
     """
     if not candidates:
@@ -100,7 +101,7 @@ def ensure_model_accepts_media(
     """Refuse a multimodal request when every registered worker of the model lacks an encoder.
 
     Runs before any preprocessing. A request with batches or media references
-    is refused with :class:`~pd_policy.errors.MultimodalNotSupported` (400) only
+    is refused with [`MultimodalNotSupported`][pd_policy.errors.MultimodalNotSupported] (400) only
     when the pool is non-empty and every worker says ``supports_vision=false``;
     an empty pool, a mixed one, or one with a worker that does not say passes.
     ``model`` only names the model in the message.

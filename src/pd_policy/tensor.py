@@ -54,7 +54,7 @@ def _check_nbytes(inst: TensorDescriptor, _attr: attrs.Attribute[int], value: in
 class TensorDescriptor:
     """A tensor as the policy sees it: name, shape, dtype, payload location and size.
 
-    Raises :class:`~pd_policy.errors.MalformedRequest` if a field is ill-typed,
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] if a field is ill-typed,
     or if a payload-less descriptor claims a size.
     """
 

@@ -28,7 +28,8 @@ MM_PROCESSOR_LABEL: Final = "mm_processor"
 #: Worker label that carries ``GetServerInfoResponse.mm_media_ref_schemes`` (comma-separated).
 MM_MEDIA_REF_SCHEMES_LABEL: Final = "mm_media_ref_schemes"
 #: Worker label that says a language-model-only worker takes multimodal metadata without an
-#: encoder (``true`` / ``false``); see :attr:`WorkerCapability.accepts_mm_metadata`.
+#: encoder (``true`` / ``false``); see
+#: [`WorkerCapability.accepts_mm_metadata`][pd_policy.worker.WorkerCapability.accepts_mm_metadata].
 MM_METADATA_LABEL: Final = "accepts_mm_metadata"
 
 
@@ -50,10 +51,10 @@ class Support(enum.Enum):
     def from_bool(cls, value: bool | None) -> Support:
         """``True``/``False`` map to ``TRUE``/``FALSE``; ``None`` to ``UNKNOWN``.
 
-        Raises :class:`~pd_policy.errors.MalformedRequest` for anything else: a label
+        Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] for anything else: a label
         string such as ``"false"`` is truthy, and reading it as ``TRUE`` would mark a
         language-model-only worker vision-capable (labels go through
-        :meth:`WorkerCapability.from_labels`).
+        [`WorkerCapability.from_labels`][pd_policy.worker.WorkerCapability.from_labels]).
         """
         if value is None:
             return cls.UNKNOWN
@@ -65,7 +66,7 @@ class Support(enum.Enum):
         return cls.TRUE if value else cls.FALSE
 
     def to_bool(self) -> bool | None:
-        """The inverse of :meth:`from_bool`."""
+        """The inverse of [`from_bool`][pd_policy.worker.Support.from_bool]."""
         return None if self is Support.UNKNOWN else self is Support.TRUE
 
 
@@ -98,7 +99,7 @@ def _to_schemes(value: object) -> tuple[str, ...]:
 class WorkerCapability:
     """A worker's advertised capability.
 
-    ``supports_vision`` is tri-state (see :class:`Support`).
+    ``supports_vision`` is tri-state (see [`Support`][pd_policy.worker.Support]).
     ``mm_processor`` is non-empty exactly when the worker processes media
     references itself; ``mm_media_ref_schemes`` are the URL schemes it accepts.
     ``accepts_mm_metadata``: a language-model-only worker that is a KV consumer
@@ -134,11 +135,12 @@ class WorkerCapability:
     def from_labels(cls, labels: Mapping[str, str]) -> WorkerCapability:
         """Build from a gateway's flattened worker labels.
 
-        Only the exact value ``"false"`` of :data:`SUPPORTS_VISION_LABEL` makes a
+        Only the exact value ``"false"`` of
+        [`SUPPORTS_VISION_LABEL`][pd_policy.worker.SUPPORTS_VISION_LABEL] makes a
         worker language-model-only, as in the SMG gateway; ``"true"`` makes it
         vision-capable and anything else (or no label) leaves it unknown.
-        :data:`MM_METADATA_LABEL` reads the same way.
-        Raises :class:`~pd_policy.errors.MalformedRequest` when ``labels`` is not a
+        [`MM_METADATA_LABEL`][pd_policy.worker.MM_METADATA_LABEL] reads the same way.
+        Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] when ``labels`` is not a
         mapping of strings to strings.
         """
         if not isinstance(labels, Mapping):
@@ -161,7 +163,8 @@ class WorkerCapability:
         )
 
     def to_labels(self) -> dict[str, str]:
-        """The labels :meth:`from_labels` reads back into an equal capability."""
+        """The labels [`from_labels`][pd_policy.worker.WorkerCapability.from_labels] reads back into
+        an equal capability."""
         labels = {
             MM_PROCESSOR_LABEL: self.mm_processor,
             MM_MEDIA_REF_SCHEMES_LABEL: ",".join(self.mm_media_ref_schemes),

@@ -76,9 +76,10 @@ def capability_from_info(
     so it stays ``UNKNOWN`` (treated as vision-capable) instead of being taken
     for a language-model-only worker. The media-processor fields come from
     ``server_info`` when given, and so does ``accepts_mm_metadata``
-    (:func:`accepts_mm_metadata_from_info`). An operator's ``labels`` override
+    ([`accepts_mm_metadata_from_info`][pd_policy_grpc.capability.accepts_mm_metadata_from_info]). An
+    operator's ``labels`` override
     that inference: an exact ``"true"`` or ``"false"`` under
-    :data:`pd_policy.MM_METADATA_LABEL` wins.
+    [`pd_policy.MM_METADATA_LABEL`][pd_policy.worker.MM_METADATA_LABEL] wins.
     """
     support = (
         Support.from_bool(model_info.supports_vision)

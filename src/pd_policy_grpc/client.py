@@ -40,22 +40,26 @@ class SequentialPd:
     """Serve ``GenerateRequest`` messages through a prefill worker and a decode worker.
 
     ``decode`` is either one decode channel, with ``decode_worker`` its
-    advertised capability (for example :func:`pd_policy_grpc.capability_from_info`
-    of its info responses), or several :class:`pd_policy.DecodeCandidate` whose
+    advertised capability (for example
+    [`pd_policy_grpc.capability_from_info`][pd_policy_grpc.capability.capability_from_info]
+    of its info responses), or several
+    [`pd_policy.DecodeCandidate`][pd_policy.selection.DecodeCandidate] whose
     handles are channels, in the caller's order of preference. ``kv`` is how
-    the prefill worker hands KV over: a :class:`pd_policy.PrefillKv` (see
-    :func:`pd_policy_grpc.prefill_kv_from_info`), or just a
-    :class:`pd_policy.KvConnectorMode` for NIXL or passthrough.
+    the prefill worker hands KV over: a [`pd_policy.PrefillKv`][pd_policy.connectors.PrefillKv] (see
+    [`pd_policy_grpc.prefill_kv_from_info`][pd_policy_grpc.kv.prefill_kv_from_info]), or just a
+    [`pd_policy.KvConnectorMode`][pd_policy.connectors.KvConnectorMode] for NIXL or passthrough.
 
-    :meth:`generate`:
+    [`generate`][pd_policy_grpc.client.SequentialPd.generate]:
 
     1. picks the first decode candidate that can serve the request
-       (:func:`pd_policy.select_decode_workers`: a language-model-only worker is
+       ([`pd_policy.select_decode_workers`][pd_policy.selection.select_decode_workers]: a
+       language-model-only worker is
        never picked for a request it cannot serve while a capable one is
        listed), decides the decode form and builds the decode leg. When no
        candidate can serve it, the carve-out raises its 400 before any request
        is sent;
-    2. plans the handoff (:func:`pd_policy.plan_kv_handoff`) and puts on the
+    2. plans the handoff ([`pd_policy.plan_kv_handoff`][pd_policy.connectors.plan_kv_handoff]) and
+       puts on the
        decode leg what it sends up front (a minted Mooncake transfer, the
        legacy host and port);
     3. unless the request asks for n>1 (then decode runs alone), runs the
@@ -64,7 +68,7 @@ class SequentialPd:
     4. checks the handoff: a stripped multimodal leg without one raises the 502;
     5. streams the decode leg's responses.
 
-    Errors come out typed, as :class:`~pd_policy.PolicyError`: the policy's own,
+    Errors come out typed, as [`PolicyError`][pd_policy.errors.PolicyError]: the policy's own,
     a policy error a worker returned (read from its trailing metadata), or a
     worker's failure naming its leg (``prefill_worker_failed_to_start``,
     ``decode_worker_failed_to_start``, ``*_stream_error``) with its gRPC status
@@ -75,10 +79,12 @@ class SequentialPd:
     first response is aborted only after that response arrives (or after
     ``deferred_abort_max_wait`` seconds): until then the KV transfer may be in
     flight, and aborting a decode mid-transfer can crash or leak on the engine
-    side. Later, it is aborted at once. Await :meth:`aclose` to wait for
+    side. Later, it is aborted at once. Await [`aclose`][pd_policy_grpc.client.SequentialPd.aclose]
+    to wait for
     deferred aborts, when shutting down.
 
-    Raises :class:`~pd_policy.InvalidConfiguration` at construction for a bare
+    Raises [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] at construction for a
+    bare
     ``KvConnectorMode.MOONCAKE`` (Mooncake needs the worker's bootstrap host).
     """
 
@@ -137,9 +143,10 @@ class SequentialPd:
                 yield response
 
     def choose(self, request: pb.GenerateRequest) -> DecodeCandidate[grpc.aio.Channel]:
-        """The decode candidate :meth:`generate` would use for ``request``.
+        """The decode candidate [`generate`][pd_policy_grpc.client.SequentialPd.generate] would use
+        for ``request``.
 
-        Raises :class:`~pd_policy.MalformedRequest` and, when no candidate can
+        Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] and, when no candidate can
         serve it, the carve-out that explains why.
         """
         if len(self.candidates) == 1:

@@ -28,7 +28,8 @@ _DECODER: Final = json.JSONDecoder()
 
 
 class WireFacts(NamedTuple):
-    """The facts :func:`pd_policy.decide_decode_form` reads, as the wire states them."""
+    """The facts [`pd_policy.decide_decode_form`][pd_policy.decision.decide_decode_form] reads, as
+    the wire states them."""
 
     #: ``sampling_params.n`` as sent (0 means one sample).
     n: int
@@ -85,7 +86,7 @@ def scan(request: pb.GenerateRequest, *, check: bool = True) -> Scanned:
     """Read the decision's facts and every batch's hashes, checking the wire invariants.
 
     The check (unless ``check=False``, for a router that checked the message on
-    ingress) raises :class:`~pd_policy.MalformedRequest` (400) naming the field
+    ingress) raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400) naming the field
     when: no input is set; media references ride with batches or text input,
     or have an empty URL or unknown modality; a batch has an unknown modality,
     an empty content hash, a zero-length placeholder, a placeholder past the
@@ -134,14 +135,16 @@ def scan(request: pb.GenerateRequest, *, check: bool = True) -> Scanned:
 
 
 def read_facts(request: pb.GenerateRequest, *, check: bool = True) -> WireFacts:
-    """The decision's facts, after checking the wire invariants (see :func:`scan`)."""
+    """The decision's facts, after checking the wire invariants (see
+    [`scan`][pd_policy_grpc.facts.scan])."""
     return scan(request, check=check).facts
 
 
 def check_generate_request(request: pb.GenerateRequest) -> None:
     """Check the wire invariants the policy relies on; cheap, and copies no payload.
 
-    Raises :class:`~pd_policy.MalformedRequest` as :func:`scan` does.
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] as
+    [`scan`][pd_policy_grpc.facts.scan] does.
     """
     scan(request)
 

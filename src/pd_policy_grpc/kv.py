@@ -1,9 +1,11 @@
 """The prefill leg and the KV handoff on the wire.
 
-The handoff's rules are the core's (:mod:`pd_policy.connectors`): the prefill
-worker's connector names its contract, and :func:`pd_policy.plan_kv_handoff`
+The handoff's rules are the core's ([`pd_policy.connectors`][pd_policy.connectors]): the prefill
+worker's connector names its contract, and
+[`pd_policy.plan_kv_handoff`][pd_policy.connectors.plan_kv_handoff]
 says what each leg carries. This module reads the facts off the worker's
-``GetServerInfoResponse`` and applies a :class:`pd_policy.KvHandoff` to the
+``GetServerInfoResponse`` and applies a [`pd_policy.KvHandoff`][pd_policy.connectors.KvHandoff] to
+the
 ``GenerateRequest`` messages.
 """
 
@@ -35,9 +37,9 @@ __all__ = [
 
 def kv_mode_from_server_info(server_info: pb.GetServerInfoResponse) -> KvConnectorMode:
     """The handoff contract of the prefill worker's ``kv_connector`` (see
-    :func:`pd_policy.connector_mode`).
+    [`pd_policy.connector_mode`][pd_policy.connectors.connector_mode]).
 
-    Raises :class:`~pd_policy.InvalidConfiguration` for a connector whose
+    Raises [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a connector whose
     contract is unknown: pass the mode explicitly for it.
     """
     return connector_mode(server_info.kv_connector)
@@ -62,7 +64,8 @@ def prefill_kv_from_info(
 ) -> PrefillKv:
     """What the router needs about the prefill worker at ``address`` to plan the handoff.
 
-    ``mode`` defaults to :func:`kv_mode_from_server_info`; give it for a
+    ``mode`` defaults to [`kv_mode_from_server_info`][pd_policy_grpc.kv.kv_mode_from_server_info];
+    give it for a
     connector this library does not know. The Mooncake engine id is the
     worker's ``kv_engine_id``, the bootstrap host is ``address``'s host (as
     SMG's gateway takes it), and the data-parallel size its
@@ -70,7 +73,8 @@ def prefill_kv_from_info(
     bootstrap port (the worker does not report it); ``dp_rank`` the rank this
     router pins, if any.
 
-    Raises :class:`~pd_policy.InvalidConfiguration` as :class:`pd_policy.PrefillKv` does.
+    Raises [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] as
+    [`pd_policy.PrefillKv`][pd_policy.connectors.PrefillKv] does.
     """
     return PrefillKv(
         mode=mode if mode is not None else kv_mode_from_server_info(server_info),
@@ -92,7 +96,8 @@ def _keep_grids_on_cpu(batch: pb.MultimodalInputs) -> None:
 def prefill_leg(
     request: pb.GenerateRequest, handoff: KvHandoff, *, in_place: bool = False
 ) -> pb.GenerateRequest:
-    """The sanitised prefill leg under ``handoff`` (see :func:`pd_policy.prefill_leg`).
+    """The sanitised prefill leg under ``handoff`` (see
+    [`pd_policy.prefill_leg`][pd_policy.prefill.prefill_leg]).
 
     Sets ``max_tokens=1``, ``min_tokens=0``, ``n=1``, clears ``stop`` and
     ``stop_token_ids``, sets ``ignore_eos`` and ``stream=false``; tags
@@ -148,7 +153,8 @@ def relay_kv(leg: pb.GenerateRequest, complete: pb.GenerateComplete) -> pb.Gener
     Relays ``kv_transfer_params_json`` verbatim and the legacy typed
     ``kv_transfer_params`` when the prefill set them; an empty JSON text counts
     as nothing returned. Nothing is relayed when the leg asks for n>1. Call it
-    only when the handoff relays (:attr:`pd_policy.KvHandoff.relays`).
+    only when the handoff relays
+    ([`pd_policy.KvHandoff.relays`][pd_policy.connectors.KvHandoff.relays]).
     """
     if leg.sampling_params.n > 1:
         return leg
@@ -162,9 +168,11 @@ def relay_kv(leg: pb.GenerateRequest, complete: pb.GenerateComplete) -> pb.Gener
 def ensure_kv_handoff(
     original: pb.GenerateRequest, form: DecodeForm, leg: pb.GenerateRequest
 ) -> None:
-    """The post-prefill check (see :func:`pd_policy.ensure_kv_handoff`).
+    """The post-prefill check (see
+    [`pd_policy.ensure_kv_handoff`][pd_policy.handoff.ensure_kv_handoff]).
 
-    Raises :class:`~pd_policy.MissingKvTransferParams` (502) when a stripped
+    Raises [`MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams] (502) when a
+    stripped
     multimodal leg carries neither KV form; text keeps the recompute fallback.
     """
     check_kv_handoff(

@@ -70,7 +70,8 @@ def _mm_identity(batch: pb.MultimodalInputs) -> pb.MultimodalInputs | None:
 
 
 def clone_without_mm(request: pb.GenerateRequest) -> pb.GenerateRequest:
-    """The text-plus-hashes decode leg (see :func:`pd_policy.clone_without_mm`).
+    """The text-plus-hashes decode leg (see
+    [`pd_policy.clone_without_mm`][pd_policy.legs.clone_without_mm]).
 
     Every non-multimodal field is kept, ``input_ids``, sampling parameters and
     both KV forms included. Each batch becomes its hashes and modality; a
@@ -99,7 +100,7 @@ def _text_plus_hashes(request: pb.GenerateRequest, scanned: Scanned) -> pb.Gener
 
 
 def identity_only(request: pb.GenerateRequest) -> pb.GenerateRequest:
-    """The identity-only decode leg (see :func:`pd_policy.identity_only`).
+    """The identity-only decode leg (see [`pd_policy.identity_only`][pd_policy.legs.identity_only]).
 
     No pixels; inline M-RoPE grids (and their inline sizes tensors) are kept;
     ``media_refs`` are kept.
@@ -111,13 +112,16 @@ def identity_only(request: pb.GenerateRequest) -> pb.GenerateRequest:
 
 
 def metadata_only(request: pb.GenerateRequest) -> pb.GenerateRequest:
-    """The M-RoPE metadata decode leg (see :func:`pd_policy.metadata_only`).
+    """The M-RoPE metadata decode leg (see
+    [`pd_policy.metadata_only`][pd_policy.legs.metadata_only]).
 
     Per batch: hashes, placeholders, image token id and inline M-RoPE grids
     with their inline sizes tensors, every grid in ``keep_on_cpu_keys``; no
     pixels, no other tensor, no ``media_refs``. Raises the core's
-    :class:`~pd_policy.MropeOnLanguageModelOnlyDecode` naming what the request
-    lacks (:func:`pd_policy.mrope_metadata_gap`), so no incomplete leg is built.
+    [`MropeOnLanguageModelOnlyDecode`][pd_policy.errors.MropeOnLanguageModelOnlyDecode] naming what
+    the request
+    lacks ([`pd_policy.mrope_metadata_gap`][pd_policy.mrope.mrope_metadata_gap]), so no incomplete
+    leg is built.
     """
     gap = mrope_metadata_gap(request_view(request))
     if gap is not None:
@@ -141,11 +145,13 @@ def _identities(request: pb.GenerateRequest) -> pb.GenerateRequest:
 def decode_form(
     request: pb.GenerateRequest, decode_worker: WorkerCapability, *, check: bool = True
 ) -> DecodeForm:
-    """The core decision for a wire request (see :func:`pd_policy.sequential_pd_decode_form`).
+    """The core decision for a wire request (see
+    [`pd_policy.sequential_pd_decode_form`][pd_policy.decision.sequential_pd_decode_form]).
 
-    Raises :class:`~pd_policy.MalformedRequest` for an inconsistent message and
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] for an inconsistent message and
     the core's carve-out errors. ``check=False`` skips
-    :func:`~pd_policy_grpc.check_generate_request`, for a router that already
+    [`check_generate_request`][pd_policy_grpc.facts.check_generate_request], for a router that
+    already
     ran it on ingress (``parse_generate_request`` does).
     """
     return _decide(request, scan(request, check=check), decode_worker)
@@ -175,8 +181,9 @@ def build_decode_leg(
 ) -> tuple[DecodeForm, pb.GenerateRequest]:
     """Decide the form for ``decode_worker`` and build the decode leg as a new message.
 
-    Raises :class:`~pd_policy.MalformedRequest` and the core's carve-out errors
-    (all 400s) before anything is copied. ``check=False``: see :func:`decode_form`.
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] and the core's carve-out errors
+    (all 400s) before anything is copied. ``check=False``: see
+    [`decode_form`][pd_policy_grpc.legs.decode_form].
     """
     scanned = scan(request, check=check)
     form = _decide(request, scanned, decode_worker)

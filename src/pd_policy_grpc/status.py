@@ -1,8 +1,9 @@
 """Policy errors on the wire: as a gRPC status with trailing metadata, and as HTTP.
 
-A servicer or a gRPC-facing router aborts with :func:`grpc_status`; a client
+A servicer or a gRPC-facing router aborts with [`grpc_status`][pd_policy_grpc.status.grpc_status]; a
+client
 turns the status it receives back into the typed error with
-:func:`error_from_rpc`, so a policy error crosses a hop unchanged.
+[`error_from_rpc`][pd_policy_grpc.status.error_from_rpc], so a policy error crosses a hop unchanged.
 
 * 400 → ``INVALID_ARGUMENT``: the request cannot be served as sent;
 * 502 (missing KV handoff) → ``FAILED_PRECONDITION``: the deployment must be
@@ -88,8 +89,9 @@ def error_from_rpc(error: grpc.aio.AioRpcError, leg: str, *, started: bool = Fal
 
     A policy error that crossed the hop (its code in the trailing metadata)
     comes back as the same class and message; anything else is the worker's
-    own failure, :class:`~pd_policy.WorkerFailedToStart` or, once the leg had
-    produced output, :class:`~pd_policy.WorkerStreamError`.
+    own failure, [`WorkerFailedToStart`][pd_policy.worker_errors.WorkerFailedToStart] or, once the
+    leg had
+    produced output, [`WorkerStreamError`][pd_policy.worker_errors.WorkerStreamError].
     """
     metadata = error.trailing_metadata()
     code = _metadata_value(metadata, ERROR_CODE_METADATA)  # type: ignore[arg-type]

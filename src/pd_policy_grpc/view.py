@@ -1,4 +1,4 @@
-"""Reading a ``GenerateRequest`` as the core's :class:`pd_policy.Request`.
+"""Reading a ``GenerateRequest`` as the core's [`pd_policy.Request`][pd_policy.request.Request].
 
 The view reads descriptors only. It never touches a tensor's ``inline`` bytes:
 with the upb runtime, reading that field (or calling ``ByteSize()``) copies the
@@ -93,8 +93,9 @@ def tensor_descriptor(name: str, tensor: pb.TensorData) -> TensorDescriptor:
 def parse_generate_request(data: bytes) -> pb.GenerateRequest:
     """Parse and check a serialized ``GenerateRequest``.
 
-    Raises :class:`~pd_policy.MalformedRequest` for bytes that are not a
-    ``GenerateRequest`` or a message that fails :func:`check_generate_request`.
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] for bytes that are not a
+    ``GenerateRequest`` or a message that fails
+    [`check_generate_request`][pd_policy_grpc.facts.check_generate_request].
     """
     request = pb.GenerateRequest()
     try:
@@ -132,7 +133,8 @@ def request_view(request: pb.GenerateRequest) -> Request:
 
     ``n`` comes from ``sampling_params.n`` (0 means 1); the vLLM wire request has
     no ``cache_salt``, so the view has none. Raises
-    :class:`~pd_policy.MalformedRequest` as :func:`check_generate_request` does.
+    [`MalformedRequest`][pd_policy.errors.MalformedRequest] as
+    [`check_generate_request`][pd_policy_grpc.facts.check_generate_request] does.
     """
     check_generate_request(request)
     tokenized = request.WhichOneof("input") == "tokenized"

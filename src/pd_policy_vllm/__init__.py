@@ -1,18 +1,21 @@
 """pd-policy on a live vLLM engine: the worker side of the P/D contract.
 
-- :func:`engine_facts` reads what the core's capability rule needs from a vLLM
+- [`engine_facts`][pd_policy_vllm.facts.engine_facts] reads what the core's capability rule needs
+  from a vLLM
   ``LLM``, ``AsyncLLM``, ``VllmConfig`` or ``ModelConfig``, on vLLM 0.30 and
   earlier (the registry check) as on 0.31 and later (the property);
-  :func:`supports_vision` and :func:`media_processor_advert` are the answers a
+  [`supports_vision`][pd_policy_vllm.vision.supports_vision] and
+  [`media_processor_advert`][pd_policy_vllm.vision.media_processor_advert] are the answers a
   servicer reports.
-- :func:`decode_inputs` turns a decode leg into the engine input: a
+- [`decode_inputs`][pd_policy_vllm.prompt.decode_inputs] turns a decode leg into the engine input: a
   ``TokensPrompt`` of the prefill-expanded ids with the folded ``cache_salt``,
   and a copy of the sampling parameters carrying the KV handoff. For an engine
   without a vision encoder it runs the core's guard first.
-  :class:`DecodeEngine` does both for a live ``LLM``.
+  [`DecodeEngine`][pd_policy_vllm.engine.DecodeEngine] does both for a live ``LLM``.
 
 Importing this package does not import vLLM; the functions do, when they need it.
-Without it, :func:`decode_inputs` and :func:`supported_modalities` raise
+Without it, [`decode_inputs`][pd_policy_vllm.prompt.decode_inputs] and
+[`supported_modalities`][pd_policy_vllm.limits.supported_modalities] raise
 ``ModuleNotFoundError`` naming the extra to install: ``pd-policy[vllm]``.
 """
 

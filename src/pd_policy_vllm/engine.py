@@ -46,7 +46,8 @@ def generate_one(llm: LLM, inputs: DecodeInputs, request_id: str) -> RequestOutp
 class DecodeEngine:
     """A vLLM ``LLM`` that generates from decode legs.
 
-    Reads the engine's :class:`pd_policy.EngineFacts` once, at construction: the
+    Reads the engine's [`pd_policy.EngineFacts`][pd_policy.capability.EngineFacts] once, at
+    construction: the
     flags they come from are fixed for the engine's life. An engine that cannot
     encode media (``supports_vision`` is false: ``--language-model-only``,
     embeds-only, all limits 0, or a text model) is exactly the worker a router
@@ -54,7 +55,7 @@ class DecodeEngine:
     language-model-only guard first; a leg that does not gets the core's typed
     error and never reaches vLLM. On an M-RoPE model (``uses_mrope``) such an
     engine also refuses legs that carry media identities
-    (:func:`~pd_policy_vllm.decode_inputs`), unless it takes multimodal
+    ([`decode_inputs`][pd_policy_vllm.prompt.decode_inputs]), unless it takes multimodal
     metadata (a KV consumer allowing missing embeddings), in which case it
     serves complete M-RoPE metadata legs that carry the prefill's KV.
 
@@ -82,7 +83,8 @@ class DecodeEngine:
     def inputs(
         self, leg: Request, sampling_params: SamplingParams, grids: GridValues | None = None
     ) -> DecodeInputs:
-        """The engine input for ``leg`` (:func:`~pd_policy_vllm.decode_inputs`), guarded;
+        """The engine input for ``leg`` ([`decode_inputs`][pd_policy_vllm.prompt.decode_inputs]),
+        guarded;
         ``grids``: the values of a metadata leg's grids, per batch."""
         return decode_inputs(
             leg,
@@ -98,7 +100,8 @@ class DecodeEngine:
     ) -> RequestOutput:
         """Generate from one decode leg and return vLLM's ``RequestOutput``.
 
-        Raises the errors of :meth:`inputs` before the engine is called; the
+        Raises the errors of [`inputs`][pd_policy_vllm.engine.DecodeEngine.inputs] before the engine
+        is called; the
         engine's own errors pass through.
         """
         return generate_one(self._llm, self.inputs(leg, sampling_params, grids), leg.request_id)

@@ -1,6 +1,8 @@
-"""Gathering :class:`pd_policy.EngineFacts` from a vLLM engine or config, on any version.
+"""Gathering [`pd_policy.EngineFacts`][pd_policy.capability.EngineFacts] from a vLLM engine or
+config, on any version.
 
-The core's :func:`pd_policy.derive_supports_vision` turns the facts into the
+The core's [`pd_policy.derive_supports_vision`][pd_policy.capability.derive_supports_vision] turns
+the facts into the
 answer; this module only reads them.
 """
 
@@ -24,12 +26,13 @@ def engine_facts(source: object) -> EngineFacts:
     on for KV consumers while building the ``VllmConfig``.
 
     - ``is_multimodal_model``: the architecture's answer;
-    - ``mm_input_probe``: vLLM's own check (:func:`~pd_policy_vllm.probe.probe_mm_inputs`);
+    - ``mm_input_probe``: vLLM's own check
+      ([`probe_mm_inputs`][pd_policy_vllm.probe.probe_mm_inputs]);
     - ``enable_mm_embeds`` and ``language_model_only``: from the
       ``MultiModalConfig`` (false for a text-only architecture, and on versions
       that lack the field);
     - ``modality_limits``: every supported modality's effective limit, or
-      ``None`` when unreadable (:func:`~pd_policy_vllm.limits.modality_limits`);
+      ``None`` when unreadable ([`modality_limits`][pd_policy_vllm.limits.modality_limits]);
     - ``is_kv_consumer``: the ``VllmConfig``'s KV role (false from a bare
       ``ModelConfig``, which does not know it);
     - ``allow_missing_mm_embeddings``: from the ``MultiModalConfig``, as vLLM

@@ -3,13 +3,14 @@
 It is the policy, end to end, on real engines: a vision prefill engine and a
 decode engine (typically ``language_model_only=True``) joined by a KV connector
 that follows the ``kv_transfer_params`` handoff contract (for example
-:mod:`pd_policy_vllm.transfer_connector`). It is the basis of the live P/D tests
+[`pd_policy_vllm.transfer_connector`][pd_policy_vllm.transfer_connector]). It is the basis of the
+live P/D tests
 and of ``examples/live_pd.py``; it is not a server.
 
-:meth:`LocalPd.generate` works in the order a router does:
+[`LocalPd.generate`][pd_policy_vllm.local_pd.LocalPd.generate] works in the order a router does:
 
 0. describe the request as the router sees it after router-side media
-   processing (:mod:`pd_policy_vllm.preprocess`): the expanded ids, the
+   processing ([`pd_policy_vllm.preprocess`][pd_policy_vllm.preprocess]): the expanded ids, the
    images' content hashes (passed to vLLM as ``multi_modal_uuids``, so the
    engines' identities are the router's), their placeholder ranges, the
    M-RoPE grid when the model has one, ``n`` and the caller's salt; then ask
@@ -91,8 +92,9 @@ class LocalPd:
     """Serve requests through an in-process prefill ``LLM`` and decode ``LLM``.
 
     ``decode_worker`` defaults to the decode engine's honest capability
-    (:func:`pd_policy_vllm.supports_vision` and
-    :func:`pd_policy_vllm.accepts_mm_metadata`). ``fold_salt=False`` sends the
+    ([`pd_policy_vllm.supports_vision`][pd_policy_vllm.vision.supports_vision] and
+    [`pd_policy_vllm.accepts_mm_metadata`][pd_policy_vllm.vision.accepts_mm_metadata]).
+    ``fold_salt=False`` sends the
     decode leg without its media identities, as gateways did before the fold:
     it exists to show the prefix-cache hazard, never use it otherwise.
     """
@@ -169,7 +171,8 @@ class LocalPd:
         """Serve one request; see the module docs for the steps.
 
         Raises the policy's carve-out errors (before any engine call) and
-        :class:`pd_policy.MissingKvTransferParams` (after prefill, before decode).
+        [`pd_policy.MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams] (after
+        prefill, before decode).
         """
         from vllm import SamplingParams
 

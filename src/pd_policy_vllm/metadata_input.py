@@ -37,9 +37,9 @@ def metadata_engine_input(leg: Request, grids: GridValues) -> dict[str, Any]:
     keeps: its M-RoPE grids, and the sizes tensor of a flattened grid. The
     leg's descriptors say which tensors exist; the values come from the router
     (the prefill's own grids). ``cache_salt`` is
-    :func:`pd_policy.decode_cache_salt` of the leg: the caller's salt.
+    [`pd_policy.decode_cache_salt`][pd_policy.salt.decode_cache_salt] of the leg: the caller's salt.
 
-    Raises :class:`~pd_policy.MalformedRequest` (naming ``grids[i].name``) when
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] (naming ``grids[i].name``) when
     a batch's values are missing or do not match its descriptors: a
     ``*_grid_thw`` that is not one ``(t, h, w)`` row per item (vLLM refuses a
     1-D grid), a per-item grid of the wrong length, a tensor the leg does not

@@ -87,7 +87,8 @@ def _descriptor(name: str, tensor: Any) -> TensorDescriptor:
 def preprocess(model: str, token: int, prompt: str, images: Sequence[Image]) -> Preprocessed:
     """Process ``prompt`` and ``images`` with ``model``'s own processor, as a router does.
 
-    ``token`` is the model's image placeholder id (:func:`image_token_id`).
+    ``token`` is the model's image placeholder id
+    ([`image_token_id`][pd_policy_vllm.preprocess.image_token_id]).
     Raises ``ValueError`` when the expanded prompt does not hold one
     placeholder run per image.
     """

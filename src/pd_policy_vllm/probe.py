@@ -4,7 +4,8 @@
 - vLLM 0.30 and earlier: ``MULTIMODAL_REGISTRY.supports_multimodal_inputs(model_config)``,
   which raises ``ValueError`` when the model class has no registered processor.
 
-The answer is recorded as a :class:`pd_policy.MmInputProbe`, never as an
+The answer is recorded as a [`pd_policy.MmInputProbe`][pd_policy.capability.MmInputProbe], never as
+an
 exception: the core decides what each answer means.
 """
 

@@ -52,7 +52,8 @@ class DecodeInputs:
     def prerendered(self) -> bool:
         """A pre-rendered input: submit it with ``llm_engine.add_request``, never with
         ``LLM.generate``, which drops its multimodal part without a word and answers with
-        text positions (:func:`pd_policy_vllm.generate_one` does it right)."""
+        text positions ([`pd_policy_vllm.generate_one`][pd_policy_vllm.engine.generate_one] does it
+        right)."""
         return self.prompt.get("type") == "multimodal"
 
 
@@ -118,43 +119,50 @@ def decode_inputs(
 ) -> DecodeInputs:
     """Build the engine input for a decode leg.
 
-    With ``language_model_only`` (the engine has no vision encoder), the core's
-    guard :func:`pd_policy.ensure_language_model_only_leg` runs first, so a leg
+    With ``language_model_only`` (the engine has no vision encoder), the core's guard
+    [`pd_policy.ensure_language_model_only_leg`][pd_policy.legs.ensure_language_model_only_leg]
+    runs first, so a leg
     with M-RoPE grids, media references, n>1 with media, or pixels, tensors or
     placeholders gets the core's typed error before vLLM sees anything. With
     ``uses_mrope`` too (the model's positions are M-RoPE, as Qwen2-VL's), a leg
     that carries media identities is refused with
-    :class:`pd_policy.MropeOnLanguageModelOnlyDecode` even once stripped of its
+    [`pd_policy.MropeOnLanguageModelOnlyDecode`][pd_policy.errors.MropeOnLanguageModelOnlyDecode]
+    even once stripped of its
     grids: the engine would rotate the image's tokens as text, and every
     generated token after them, without an error.
 
     With ``takes_mm_metadata`` (the engine is a KV consumer that allows missing
-    embeddings, :func:`pd_policy_vllm.accepts_mm_metadata`), an M-RoPE
-    metadata leg (:func:`pd_policy.metadata_only`) passes the guard when it is
+    embeddings, [`pd_policy_vllm.accepts_mm_metadata`][pd_policy_vllm.vision.accepts_mm_metadata]),
+    an M-RoPE
+    metadata leg ([`pd_policy.metadata_only`][pd_policy.legs.metadata_only]) passes the guard when
+    it is
     complete and carries the prefill's KV parameters, and becomes vLLM's
     pre-rendered multimodal input of its expanded ids, hashes, placeholders and
-    grids (:func:`~pd_policy_vllm.metadata_input.metadata_engine_input`), whose
+    grids ([`metadata_engine_input`][pd_policy_vllm.metadata_input.metadata_engine_input]), whose
     values ``grids`` gives per batch; without them,
-    :class:`pd_policy.MalformedRequest` (``param="grids"``).
+    [`pd_policy.MalformedRequest`][pd_policy.errors.MalformedRequest] (``param="grids"``).
 
     Then, for any other leg, on any engine:
 
     - the prompt is a ``TokensPrompt`` of the leg's ``input_ids`` with
-      ``cache_salt`` = :func:`pd_policy.decode_cache_salt` (the caller's salt,
+      ``cache_salt`` = [`pd_policy.decode_cache_salt`][pd_policy.salt.decode_cache_salt] (the
+      caller's salt,
       folded with the media's identities; no key when both are absent);
     - a text leg (no ids) becomes a ``TextPrompt`` with the same salt, as SMG's
       servicer serves text, but only without media: a multimodal text leg would
       be tokenized again without its placeholder run, so it is refused
-      (:class:`pd_policy.MalformedRequest`, ``param="input_ids"``);
+      ([`pd_policy.MalformedRequest`][pd_policy.errors.MalformedRequest], ``param="input_ids"``);
     - a leg still carrying pixels, tensors or media references is refused with
-      :class:`pd_policy.MultimodalNotSupported`: the core has no tensor bytes to
+      [`pd_policy.MultimodalNotSupported`][pd_policy.errors.MultimodalNotSupported]: the core has no
+      tensor bytes to
       build multimodal data from;
     - ``sampling_params`` is copied (the caller's is never changed) and the copy's
       ``extra_args["kv_transfer_params"]`` is the leg's KV handoff
-      (:func:`kv_transfer_params`); the leg decides, so a handoff left in the
+      ([`kv_transfer_params`][pd_policy_vllm.prompt.kv_transfer_params]); the leg decides, so a
+      handoff left in the
       caller's ``extra_args`` is dropped when the leg has none;
     - ``sampling_params.n`` must equal ``leg.n`` (the n the policy decided on),
-      else :class:`pd_policy.MalformedRequest` with ``param="n"``.
+      else [`pd_policy.MalformedRequest`][pd_policy.errors.MalformedRequest] with ``param="n"``.
     """
     if language_model_only:
         ensure_language_model_only_leg(

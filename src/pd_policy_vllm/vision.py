@@ -23,8 +23,9 @@ logger = logging.getLogger(__name__)
 def supports_vision(source: object) -> bool:
     """The ``supports_vision`` a worker serving ``source`` reports; never raises.
 
-    The core's :func:`pd_policy.derive_supports_vision` over
-    :func:`~pd_policy_vllm.engine_facts`. An unexpected failure (``source`` is not
+    The core's [`pd_policy.derive_supports_vision`][pd_policy.capability.derive_supports_vision]
+    over
+    [`engine_facts`][pd_policy_vllm.facts.engine_facts]. An unexpected failure (``source`` is not
     a vLLM engine or config, say) logs a warning and answers false, as SMG's
     servicer 0.14.1 does: a worker that cannot tell must not attract images.
     """
@@ -43,8 +44,9 @@ def accepts_mm_metadata(source: object) -> bool:
     """Whether the engine behind ``source`` takes multimodal metadata without an encoder;
     never raises.
 
-    The core's :func:`pd_policy.derive_accepts_mm_metadata` over
-    :func:`~pd_policy_vllm.engine_facts`: a KV consumer whose config turns on
+    The core's
+    [`pd_policy.derive_accepts_mm_metadata`][pd_policy.capability.derive_accepts_mm_metadata] over
+    [`engine_facts`][pd_policy_vllm.facts.engine_facts]: a KV consumer whose config turns on
     ``allow_missing_mm_embeddings`` and ``enable_mm_embeds`` (vLLM 0.30-0.32 do
     both for every consumer, ``--language-model-only`` included). Read it from
     an engine or a ``VllmConfig``: a bare ``ModelConfig`` does not know the KV
@@ -73,8 +75,11 @@ def media_processor_advert(
 ) -> MediaProcessorAdvert:
     """What a servicer for ``engine`` advertises about worker-side media processing.
 
-    The core's :func:`pd_policy.advertise_media_processor`, with ``supports_vision``
-    read from ``engine`` (any of :func:`supports_vision`'s sources): a processor is
+    The core's
+    [`pd_policy.advertise_media_processor`][pd_policy.capability.advertise_media_processor], with
+    ``supports_vision``
+    read from ``engine`` (any of [`supports_vision`][pd_policy_vllm.vision.supports_vision]'s
+    sources): a processor is
     advertised only when one is configured, the engine encodes media and the
     processor's probe succeeded. ``source`` is the processor's source, as in the
     core. Never raises for a bad ``engine`` (it then advertises nothing).

@@ -48,13 +48,15 @@ class PrefillResult:
 
 @attrs.frozen(slots=True)
 class Outcome:
-    """The result of :func:`plan`: either a form and leg, or an error."""
+    """The result of [`plan`][pd_policy.tools.outcome.plan]: either a form and leg, or an error."""
 
     form: DecodeForm | None
     leg: Request | None
-    #: The salt a decode worker gives the leg (:func:`pd_policy.decode_cache_salt`).
+    #: The salt a decode worker gives the leg
+    #: ([`pd_policy.decode_cache_salt`][pd_policy.salt.decode_cache_salt]).
     cache_salt: str | None
-    #: What an SMG servicer gives the same leg (:func:`pd_policy.upstream_decode_cache_salt`).
+    #: What an SMG servicer gives the same leg
+    #: ([`pd_policy.upstream_decode_cache_salt`][pd_policy.salt.upstream_decode_cache_salt]).
     upstream_cache_salt: str | None
     error: PolicyError | None = attrs.field(default=None, eq=False)
     #: Whether the post-prefill handoff check ran.

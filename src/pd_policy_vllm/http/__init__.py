@@ -1,11 +1,11 @@
 """The policy over vLLM's OpenAI-compatible HTTP server, and a P/D proxy users run.
 
-- :mod:`~pd_policy_vllm.http.request`, :mod:`~pd_policy_vllm.http.media`,
-  :mod:`~pd_policy_vllm.http.legs`: pure shaping of request and response
+- [`request`][pd_policy_vllm.http.request], [`media`][pd_policy_vllm.http.media],
+  [`legs`][pd_policy_vllm.http.legs]: pure shaping of request and response
   bodies, for any proxy to call (no I/O).
-- :mod:`~pd_policy_vllm.http.workers`: what a worker's server says about it.
-- :mod:`~pd_policy_vllm.http.proxy` and ``pd-policy-proxy``
-  (:mod:`~pd_policy_vllm.http.cli`): the proxy, on ``aiohttp``.
+- [`workers`][pd_policy_vllm.http.workers]: what a worker's server says about it.
+- [`proxy`][pd_policy_vllm.http.proxy] and ``pd-policy-proxy``
+  ([`cli`][pd_policy_vllm.http.cli]): the proxy, on ``aiohttp``.
 
 Install with the ``http`` extra. Importing the shaping modules needs no
 ``aiohttp``; the proxy and the CLI do.

@@ -78,7 +78,7 @@ async def read_workers(args: argparse.Namespace) -> tuple[HttpWorker, list[HttpW
 
     A decode worker takes M-RoPE metadata only when its configuration (or the flag)
     says so and both it and the prefill serve vLLM's scale-out routes, which the
-    metadata path takes. Raises :class:`~pd_policy.InvalidConfiguration` when
+    metadata path takes. Raises [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] when
     neither says what the proxy needs: the prefill's KV connector, or (with a
     language-model-only decode worker) whether the model uses M-RoPE.
     """

@@ -10,13 +10,15 @@ same results: the shaping modules stay usable from any proxy.
 
 Where the two libraries differ, the standard library's answer is the contract:
 
-- :func:`canonical` is ``json.dumps(value, sort_keys=True, separators=(",", ":"),
+- [`canonical`][pd_policy_vllm.http.codec.canonical] is ``json.dumps(value, sort_keys=True,
+  separators=(",", ":"),
   ensure_ascii=False)`` in UTF-8 (``surrogatepass``), byte for byte. ``msgspec``
   writes floats differently (``1e+16`` against ``1e16``), so it is used only for
   values without floats, where its output is the same (a property test holds
   it to that).
-- :func:`loads` refuses what is not strict JSON (``NaN``, numbers out of range,
-  lone surrogates) with :class:`~pd_policy.MalformedRequest`, on both paths.
+- [`loads`][pd_policy_vllm.http.codec.loads] refuses what is not strict JSON (``NaN``, numbers out
+  of range,
+  lone surrogates) with [`MalformedRequest`][pd_policy.errors.MalformedRequest], on both paths.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ _STRICT: Callable[[str], Any] = json.JSONDecoder(
 
 
 def loads(raw: bytes | str, *, what: str = "the body") -> Any:
-    """Parse strict JSON. Raises :class:`~pd_policy.MalformedRequest` (400, ``param``
+    """Parse strict JSON. Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400,
+    ``param``
     ``body``) naming ``what`` for anything else."""
     try:
         if USE_MSGSPEC:
@@ -124,7 +127,7 @@ def canonical(value: Any) -> bytes:
 
 
 def sha256_identity(value: Any) -> str:
-    """The hex SHA-256 of :func:`canonical` (``value``)."""
+    """The hex SHA-256 of [`canonical`][pd_policy_vllm.http.codec.canonical] (``value``)."""
     return hashlib.sha256(canonical(value)).hexdigest()
 
 

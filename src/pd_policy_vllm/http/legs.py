@@ -1,12 +1,15 @@
 """The P/D legs as OpenAI-compatible bodies for vLLM's HTTP server: pure shaping, no I/O.
 
-- :func:`prefill_body`: the client's body, sanitised as SMG's HTTP router
+- [`prefill_body`][pd_policy_vllm.http.legs.prefill_body]: the client's body, sanitised as SMG's
+  HTTP router
   does (``stream: false``, no ``stream_options``, ``n: 1``, no ``min_tokens``,
   the output cap set to 1 on whichever key the client used), asking for the
   expanded prompt ids (``return_token_ids``) and tagged for the handoff.
-- :func:`read_prefill`: what the prefill's non-streaming response says: the
+- [`read_prefill`][pd_policy_vllm.http.legs.read_prefill]: what the prefill's non-streaming response
+  says: the
   expanded ids, the KV parameters, the usage.
-- :func:`decode_body`: the decode leg for the decided form, from the client's
+- [`decode_body`][pd_policy_vllm.http.legs.decode_body]: the decode leg for the decided form, from
+  the client's
   body and the prefill's reply.
 """
 
@@ -89,7 +92,8 @@ def read_prefill(response: Mapping[str, Any], route: Route) -> PrefillReply:
     """Read the prefill's response: ids from the top level (chat) or the first choice
     (completions), ``kv_transfer_params`` from the top level.
 
-    Raises :class:`~pd_policy.WorkerStreamError` (502, leg ``prefill``) when it
+    Raises [`WorkerStreamError`][pd_policy.worker_errors.WorkerStreamError] (502, leg ``prefill``)
+    when it
     has no prompt ids (a worker that ignores ``return_token_ids``) or they are
     not token ids, or its KV parameters are not an object.
     """
@@ -121,7 +125,8 @@ def decode_body(
     - ``TEXT_PLUS_HASHES``, chat: the body with every media part removed from
       ``messages``, the expanded ids in ``kv_transfer_params.prompt_token_ids``
       (vLLM then skips templating), the relayed KV parameters, and
-      ``cache_salt`` = the folded salt (:func:`pd_policy.decode_cache_salt`:
+      ``cache_salt`` = the folded salt
+      ([`pd_policy.decode_cache_salt`][pd_policy.salt.decode_cache_salt]:
       the media's identities and the caller's salt; 68 characters). Tools,
       reasoning and sampling options stay.
     - ``TEXT_PLUS_HASHES``, completions: the token-id ``prompt``, the KV
@@ -129,7 +134,7 @@ def decode_body(
     - ``IDENTITY_ONLY`` and ``FULL`` (a vision-capable worker): the body
       itself, with the relayed KV parameters.
 
-    Raises :class:`~pd_policy.MalformedRequest` for a stripped leg with media
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] for a stripped leg with media
     and no prompt ids to forward (it would be answered image-blind), and for a
     form HTTP does not serve here (``MROPE_METADATA``).
     """

@@ -110,7 +110,7 @@ def _media(body: Mapping[str, Any]) -> list[tuple[int, int, Modality, dict[str, 
 def media_parts(body: Mapping[str, Any]) -> tuple[MediaPart, ...]:
     """Every media part of a chat body's ``messages``, in order.
 
-    Raises :class:`~pd_policy.MalformedRequest` (400, ``param`` naming the
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400, ``param`` naming the
     part) for messages that are not a list of objects, and for a part that is
     neither text nor one kind of media (``prompt_embeds`` included: a decode
     leg could not keep it and stay text).
@@ -121,7 +121,7 @@ def media_parts(body: Mapping[str, Any]) -> tuple[MediaPart, ...]:
 def without_media(body: Mapping[str, Any]) -> list[Any]:
     """``messages`` with every media part removed; text parts, roles, tool calls and every
     other field kept. A message whose content were only media keeps an empty string.
-    Raises as :func:`media_parts` does."""
+    Raises as [`media_parts`][pd_policy_vllm.http.media.media_parts] does."""
     _media(body)  # refuses what cannot be placed
     out = []
     for message in _messages(body):

@@ -1,8 +1,10 @@
 """One HTTP request's P/D, as pure steps around the calls to the workers.
 
-:func:`plan_request` runs everything the policy decides before prefill: the
+[`plan_request`][pd_policy_vllm.http.plan.plan_request] runs everything the policy decides before
+prefill: the
 body as the policy sees it, the decode worker, the form, the handoff, and the
-prefill leg. :func:`decode_leg` runs everything after, from what the prefill
+prefill leg. [`decode_leg`][pd_policy_vllm.http.plan.decode_leg] runs everything after, from what
+the prefill
 answered: the relay, the handoff check, and the decode leg. The proxy does
 its I/O between them; any other proxy can call the same functions, and the
 conformance vectors do.
@@ -10,8 +12,9 @@ conformance vectors do.
 An M-RoPE image request whose decode worker takes the image's metadata
 (``MROPE_METADATA``) takes one more step, when the prefill worker serves
 vLLM's render route: the plan then holds the render leg and no prefill leg,
-and :func:`plan_rendered` turns the render's answer into the prefill leg
-(see :mod:`~pd_policy_vllm.http.scale_out`).
+and [`plan_rendered`][pd_policy_vllm.http.plan.plan_rendered] turns the render's answer into the
+prefill leg
+(see [`scale_out`][pd_policy_vllm.http.scale_out]).
 """
 
 from __future__ import annotations
@@ -79,7 +82,8 @@ class Plan(Generic[T]):
     prefill: dict[str, Any] | None
     #: The route the prefill leg goes to.
     prefill_route: str
-    #: The render leg's body (to the prefill worker's :data:`~.scale_out.RENDER`), when the
+    #: The render leg's body (to the prefill worker's
+    #: [`RENDER`][pd_policy_vllm.http.scale_out.RENDER]), when the
     #: metadata path needs it first; else ``None``.
     render: dict[str, Any] | None = None
     #: What the render answered, once it has.
@@ -116,7 +120,7 @@ def plan_request(
 ) -> Plan[T]:
     """Decide everything before prefill. Raises every refusal the policy can make then:
     malformed bodies, the carve-outs, no decode worker, and ``echo`` on a request with
-    media whose decode leg is stripped (a typed :class:`~pd_policy.PolicyError`).
+    media whose decode leg is stripped (a typed [`PolicyError`][pd_policy.errors.PolicyError]).
     ``transfer_id`` fixes a Mooncake mint.
 
     ``renders``: the prefill worker serves the render route. Without it, an M-RoPE
@@ -150,9 +154,10 @@ def plan_request(
 
 def plan_rendered(plan: Plan[T], render_response: Mapping[str, Any]) -> Plan[T]:
     """The plan once the render answered: the request as rendered, its decode leg, and the
-    prefill leg (the rendered request, to :data:`~.scale_out.GENERATE`). Raises a
+    prefill leg (the rendered request, to [`GENERATE`][pd_policy_vllm.http.scale_out.GENERATE]).
+    Raises a
     ``prefill_stream_error`` (502) for a render that does not say what the decode leg
-    needs (:func:`~.scale_out.read_render`)."""
+    needs ([`read_render`][pd_policy_vllm.http.scale_out.read_render])."""
     if plan.render is None:
         raise ValueError("this plan has no render leg")
     rendered = read_render(render_response)
@@ -169,7 +174,8 @@ def plan_rendered(plan: Plan[T], render_response: Mapping[str, Any]) -> Plan[T]:
 
 def decode_leg(plan: Plan[Any], prefill_response: Mapping[str, Any] | None) -> Leg:
     """The decode leg, from the prefill's (non-streaming) response, ``None`` when no prefill
-    ran. Raises :class:`~pd_policy.MissingKvTransferParams` (502) for a stripped image leg
+    ran. Raises [`MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams] (502) for a
+    stripped image leg
     the prefill handed nothing for, and a ``prefill_stream_error`` (502) for a response
     that does not say what the leg needs, or whose ids are not the rendered ones."""
     if plan.render is not None:

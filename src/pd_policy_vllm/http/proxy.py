@@ -6,8 +6,9 @@ prefill worker and a decode worker it picks per request, ``GET /v1/models``
 server), which vLLM itself depends on.
 
 Per request it: reads the body as the policy sees it
-(:func:`~pd_policy_vllm.http.request.policy_request`); picks the first decode
-worker that can serve it (:func:`pd_policy.select_decode_workers`) and builds
+([`policy_request`][pd_policy_vllm.http.request.policy_request]); picks the first decode
+worker that can serve it
+([`pd_policy.select_decode_workers`][pd_policy.selection.select_decode_workers]) and builds
 the core's decode leg; plans the handoff; runs the sanitised prefill leg
 (unless n>1); relays the KV parameters it returned and checks the handoff; and
 sends the decode leg, streaming its server-sent events back when the client

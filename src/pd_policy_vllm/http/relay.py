@@ -2,7 +2,7 @@
 
 The decode's answer goes back as the worker sent it: a JSON body byte for
 byte, or its server-sent events chunk by chunk. A leg whose output is tokens
-(the metadata path, :mod:`~pd_policy_vllm.http.scale_out`) is derendered on
+(the metadata path, [`scale_out`][pd_policy_vllm.http.scale_out]) is derendered on
 the decode server first, whole or one event at a time.
 
 A client that disconnects cancels the handler; leaving the request's block

@@ -46,7 +46,7 @@ def check_cache_salt(salt: object) -> str | None:
     vLLM refuses an empty salt, one over 128 characters, and one holding ``@``,
     ``/``, ``\\`` or NUL. Refusing it here, before prefill, keeps a prefill
     from running for a decode that cannot. Raises
-    :class:`~pd_policy.MalformedRequest` (``param="cache_salt"``), whose message
+    [`MalformedRequest`][pd_policy.errors.MalformedRequest] (``param="cache_salt"``), whose message
     does not echo the salt.
     """
     if salt is None:
@@ -91,7 +91,7 @@ def policy_request(
     """The core request for an OpenAI ``body`` sent to ``route``.
 
     ``mrope``: the served model's positions are M-RoPE. Raises
-    :class:`~pd_policy.MalformedRequest` (a 400 naming the field) for a body
+    [`MalformedRequest`][pd_policy.errors.MalformedRequest] (a 400 naming the field) for a body
     that is not an object; a chat body whose messages are not a list of
     objects or hold a part that is neither text nor media; a completions body
     whose ``prompt`` is not one prompt (text or token ids); ``n`` that is not

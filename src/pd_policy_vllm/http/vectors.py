@@ -1,7 +1,7 @@
 """Conformance vectors for HTTP proxies: OpenAI bodies in, P/D legs (or the refusal) out.
 
 A sibling of the core's vectors (``pd_policy.tools.vectors``), for proxies in front
-of ``vllm serve`` that reimplement :mod:`pd_policy_vllm.http`. Each case gives
+of ``vllm serve`` that reimplement [`pd_policy_vllm.http`][pd_policy_vllm.http]. Each case gives
 the client's body and route, the decode workers (in preference order), the
 prefill worker's handoff contract, whether the model uses M-RoPE, and the
 prefill's response when a prefill runs; the outcome is the prefill leg's body

@@ -107,11 +107,12 @@ def prefill_kv_from_config(
 ) -> PrefillKv:
     """How a prefill worker hands KV over, from its configuration and its URL.
 
-    The contract is its connector's (:func:`pd_policy.connector_mode`; ``mode``
+    The contract is its connector's
+    ([`pd_policy.connector_mode`][pd_policy.connectors.connector_mode]; ``mode``
     overrides it, for a connector this library does not know), the Mooncake
     engine id its ``engine_id``, the bootstrap host its URL's host, and the
     data-parallel size its ``parallel_config``. Raises
-    :class:`~pd_policy.InvalidConfiguration` for an unknown connector.
+    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for an unknown connector.
     """
     kv = _section(config, "kv_transfer_config")
     parallel = _section(config, "parallel_config")

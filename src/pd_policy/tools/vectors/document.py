@@ -69,8 +69,9 @@ def _items(document: object, key: str, what: str) -> list[Mapping[str, Any]]:
 def run_vectors(document: object) -> dict[str, Any]:
     """This implementation's results for a vectors document, in the results format.
 
-    Raises :class:`~pd_policy.errors.MalformedRequest` whose ``param`` names the
-    case and field for a document of the wrong shape (see :func:`run_case`).
+    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] whose ``param`` names the
+    case and field for a document of the wrong shape (see
+    [`run_case`][pd_policy.tools.vectors.operations.run_case]).
     """
     results = []
     for i, case in enumerate(_items(document, "cases", "vectors")):
@@ -99,7 +100,7 @@ def compare_results(vectors: object, results: object) -> list[Mismatch]:
 
     Only the outcome's data counts (status, form, leg, salts, error code and
     param); error messages are free to differ. Raises
-    :class:`~pd_policy.errors.MalformedRequest` naming the field for documents of
+    [`MalformedRequest`][pd_policy.errors.MalformedRequest] naming the field for documents of
     the wrong shape (a case without ``expected``, a result without ``outcome``).
     """
     cases = _items(vectors, "cases", "vectors")

@@ -206,7 +206,7 @@ def run_case(case: Mapping[str, Any]) -> dict[str, Any]:
 
     A policy error the case is about is its outcome, as data. A case of the wrong
     shape (not an object, an unknown operation, a missing or ill-typed field)
-    raises :class:`~pd_policy.errors.MalformedRequest` whose ``param`` names the
+    raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] whose ``param`` names the
     field.
     """
     if not isinstance(case, Mapping):
