@@ -3,8 +3,12 @@
 Used by the CLI, the docs and the conformance vectors. Decoding is strict: an
 unknown key, a missing required key or a value of the wrong type raises
 [`MalformedRequest`][pd_policy.errors.MalformedRequest] whose ``param`` names the field by
-its path (``batches[0].tensors.image_grid_thw.shape``). Encoding is the exact
-inverse: ``request_from_json(request_to_json(r)) == r``.
+its path (``batches[0].tensors.image_grid_thw.shape``). ``null`` is the absent value of
+an optional field whose default is absent (``input_ids``, ``text``, the KV parameters,
+``cache_salt``, ``pixel_values``, ``im_token_id``, ``encoder_input_key``, and a
+worker's two support values); for any other field it is the wrong type. Text is read
+with [`loads_strict`][pd_policy.jsontext.loads_strict] (a key twice is refused). Encoding
+is the exact inverse: ``request_from_json(request_to_json(r)) == r``.
 """
 
 from __future__ import annotations
@@ -153,7 +157,8 @@ def _batch(value: object, path: str) -> MultimodalBatch:
     obj = _obj(value, path, *_BATCH_KEYS)
     tensors_obj = _expect(obj.get("tensors", {}), dict, _join(path, "tensors"))
     tensors = [
-        _tensor(name, t, _join(_join(path, "tensors"), name)) for name, t in tensors_obj.items()
+        _tensor(name, t, _join(_join(path, "tensors"), name or '""'))
+        for name, t in tensors_obj.items()
     ]
     pixels = _opt(obj, "pixel_values", path, lambda v, p: _tensor("pixel_values", v, p))
     kwargs: dict[str, Any] = {
