@@ -76,7 +76,6 @@ def test_explain_refusals(files: dict[str, str]) -> None:
     assert (status, json.loads(out)["status"]) == (1, 502)
 
 
-
 def test_explain_a_malformed_request_is_an_input_error_naming_file_and_field(
     files: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
