@@ -41,6 +41,18 @@ def answer(request: pb.GenerateRequest, count: int = 4) -> list[int]:
     return list(digest.digest()[:count])
 
 
+async def refuse_media(request: pb.GenerateRequest, context: Any) -> None:
+    """Abort as a language-model-only vLLM worker does when a leg carries media."""
+    for batch in [request.mm_inputs, *request.extra_mm_inputs]:
+        if batch.HasField("pixel_values") or batch.model_specific_tensors or batch.mm_placeholders:
+            n = len(request.tokenized.input_ids)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, ENCODER_CACHE_ERROR.format(n=n))
+    if request.HasField("media_refs"):
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, "media_refs sent to a worker whose processor is off"
+        )
+
+
 class Engine(pb_grpc.VllmEngineServicer):
     """A recording engine: every Generate and Abort it receives is kept."""
 
@@ -124,21 +136,7 @@ class LanguageModelOnlyDecodeEngine(Engine):
         super().__init__(supports_vision=False)
 
     async def refuse(self, request: pb.GenerateRequest, context: Any) -> None:
-        for batch in [request.mm_inputs, *request.extra_mm_inputs]:
-            if (
-                batch.HasField("pixel_values")
-                or batch.model_specific_tensors
-                or batch.mm_placeholders
-            ):
-                n = len(request.tokenized.input_ids)
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, ENCODER_CACHE_ERROR.format(n=n)
-                )
-        if request.HasField("media_refs"):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "media_refs sent to a worker whose processor is off",
-            )
+        await refuse_media(request, context)
 
 
 class FullVisionDecodeEngine(Engine):
