@@ -2,9 +2,11 @@
 
 Timing is ``timeit`` with warm-up, repeats and medians; every ratio compares
 cases measured in this one run, on this machine. Prints a table, writes
-``bench/results.json`` and rewrites the table in ``docs/performance.md``.
+``bench/results.json`` and rewrites the tables in ``docs/performance.md``. The HTTP
+proxy (``bench/http_proxy.py``) and ``SequentialPd`` under load (``bench/grpc_load.py``)
+are measured too, unless skipped.
 
-Run: ``python bench/run.py [--quick] [--no-docs]``.
+Run: ``python bench/run.py [--quick] [--no-docs] [--no-proxy] [--no-grpc-load]``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import google.protobuf
+import grpc_load  # bench/, beside this script
 import http_proxy  # bench/, beside this script
 
 import grpc
@@ -367,21 +370,31 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/performance.md")
     parser.add_argument("--no-proxy", action="store_true", help="skip the HTTP proxy benchmark")
+    parser.add_argument(
+        "--no-grpc-load", action="store_true", help="skip the SequentialPd load benchmark"
+    )
     args = parser.parse_args()
     results = run(args.quick)
     if not args.no_proxy:
         results["http_proxy"] = http_proxy.measure(args.quick)
+    if not args.no_grpc_load:
+        results["grpc_load"] = grpc_load.measure(args.quick)
     (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     rendered = table(results)
     print(rendered)
     proxy = http_proxy.table(results["http_proxy"]) if "http_proxy" in results else None
     if proxy is not None:
         print("\n" + proxy)
+    load = grpc_load.table(results["grpc_load"]) if "grpc_load" in results else None
+    if load is not None:
+        print("\n" + load)
     if not args.no_docs:
         doc = ROOT / "docs" / "performance.md"
         text = splice(doc.read_text(encoding="utf-8"), "performance", rendered)
         if proxy is not None:
             text = splice(text, "performance-http", proxy)
+        if load is not None:
+            text = splice(text, "performance-grpc-load", load)
         doc.write_text(text, encoding="utf-8")
     return 0
 
