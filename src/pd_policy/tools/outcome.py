@@ -16,6 +16,7 @@ import attrs
 from pd_policy.codec import request_to_json
 from pd_policy.decision import DecodeForm
 from pd_policy.errors import PolicyError
+from pd_policy.fields import redacted_repr
 from pd_policy.handoff import ensure_kv_handoff, relay_kv
 from pd_policy.legs import build_decode_leg
 from pd_policy.request import LegacyKvParams, Request, kv_params_text
@@ -30,8 +31,7 @@ class PrefillResult:
     """What the prefill leg returned about the KV handoff (nothing, for a failed handoff)."""
 
     kv_transfer_params: str | None = attrs.field(
-        default=None,
-        converter=kv_params_text,
+        default=None, converter=kv_params_text, repr=redacted_repr
     )
     kv_legacy: LegacyKvParams | None = None
 
@@ -54,10 +54,10 @@ class Outcome:
     leg: Request | None
     #: The salt a decode worker gives the leg
     #: ([`pd_policy.decode_cache_salt`][pd_policy.salt.decode_cache_salt]).
-    cache_salt: str | None
+    cache_salt: str | None = attrs.field(repr=redacted_repr)
     #: What an SMG servicer gives the same leg
     #: ([`pd_policy.upstream_decode_cache_salt`][pd_policy.salt.upstream_decode_cache_salt]).
-    upstream_cache_salt: str | None
+    upstream_cache_salt: str | None = attrs.field(repr=redacted_repr)
     error: PolicyError | None = attrs.field(default=None, eq=False)
     #: Whether the post-prefill handoff check ran.
     handoff_checked: bool = False
