@@ -8,7 +8,9 @@ import json
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from fuzzing import counted, fuzz
 from pd_policy import (
+    ERROR_CATALOG,
     MROPE_GRID_KEYS,
     SALT_FOLD_PREFIX,
     DecodeForm,
@@ -33,8 +35,18 @@ from pd_policy import (
     request_to_json,
     sequential_pd_decode_form,
 )
-from pd_policy.tools.outcome import PrefillResult, plan
-from strategies import adversarial_text, hashes, kv_objects, requests, workers
+from pd_policy.tools.outcome import PrefillResult
+from strategies import (
+    adversarial_text,
+    decision_cases,
+    handoffs,
+    hashes,
+    kv_objects,
+    note,
+    requests,
+    salts,
+    workers,
+)
 
 LM_ONLY = WorkerCapability(VisionSupport.FALSE)
 
@@ -43,17 +55,40 @@ def flat_hashes(request: Request) -> list[str]:
     return [h for b in request.batches for h in b.mm_hashes]
 
 
-@given(requests(), workers)
-def test_the_decision_is_total(request: Request, worker: WorkerCapability) -> None:
+@fuzz
+@given(handoffs())
+@counted
+def test_the_pipeline_is_total(example: tuple[Request, WorkerCapability, PrefillResult]) -> None:
+    # Each step is called here, not through a wrapper that catches: anything but a
+    # catalogued policy error escapes and fails the test.
+    request, worker, prefill = example
+    note(decision_cases(request, worker))
     try:
-        form = sequential_pd_decode_form(request, worker)
+        form, leg = build_decode_leg(request, worker)
     except PolicyError as exc:
-        assert exc.status == 400
-        assert not exc.retryable
-    else:
-        assert isinstance(form, DecodeForm)
-    outcome = plan(request, worker, PrefillResult.nothing())
-    assert outcome.ok or isinstance(outcome.error, PolicyError)
+        assert_catalogued(exc, 400)
+        return
+    assert form is sequential_pd_decode_form(request, worker)
+    leg = relay_kv(leg, prefill.kv_transfer_params, prefill.kv_legacy)
+    try:
+        ensure_kv_handoff(request, form, leg)
+    except PolicyError as exc:
+        assert_catalogued(exc, 502)
+        return
+    if worker.language_model_only:
+        # What the policy lets through, the worker's own guard serves.
+        ensure_language_model_only_leg(
+            leg, uses_mrope=form is DecodeForm.MROPE_METADATA,
+            takes_mm_metadata=worker.takes_mm_metadata,
+        )  # fmt: skip
+
+
+def assert_catalogued(exc: PolicyError, status: int) -> None:
+    entry = ERROR_CATALOG[exc.code]
+    assert type(exc) is entry.error
+    assert exc.status == entry.status == status
+    assert not exc.retryable
+    assert len(str(exc).splitlines()) == 1
 
 
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
@@ -178,7 +213,7 @@ def test_a_vision_capable_worker_never_gets_a_carve_out(
 identities = st.lists(st.tuples(st.sampled_from(list(Modality)), hashes), max_size=6)
 
 
-@given(identities, st.none() | adversarial_text)
+@given(identities, salts)
 def test_the_salt_fold_is_deterministic_and_bounded(
     items: list[tuple[Modality, str]], salt: str | None
 ) -> None:
@@ -192,12 +227,28 @@ def test_the_salt_fold_is_deterministic_and_bounded(
         assert len(folded) == len(SALT_FOLD_PREFIX) + 64
 
 
-@given(identities, st.none() | adversarial_text, identities, st.none() | adversarial_text)
+@given(identities, salts, identities, salts)
 def test_the_salt_fold_is_injective(
     a: list[tuple[Modality, str]], sa: str | None, b: list[tuple[Modality, str]], sb: str | None
 ) -> None:
     assume(a and b and (a, sa) != (b, sb))
     assert fold_salt(a, sa) != fold_salt(b, sb)
+
+
+#: The letters an unprefixed encoding would put between items: the fold's own modality tags.
+TAGS = {Modality.IMAGE: "I", Modality.AUDIO: "A", Modality.VIDEO: "V"}
+
+
+@given(st.sampled_from(list(Modality)), hashes, st.text(max_size=6), hashes, salts)
+def test_the_salt_fold_resists_a_boundary_forged_with_its_own_tag(
+    modality: Modality, a: str, b: str, c: str, salt: str | None
+) -> None:
+    # Were items written as tag + text with no length, "a<T>b", "c" and "a", "b<T>c" would
+    # both read "<T>a<T>b<T>c": two items each, the same bytes.
+    tag = TAGS[modality]
+    left = [(modality, a + tag + b), (modality, c)]
+    right = [(modality, a), (modality, b + tag + c)]
+    assert fold_salt(left, salt) != fold_salt(right, salt)
 
 
 @given(st.lists(hashes, min_size=1, max_size=4), adversarial_text)
@@ -228,30 +279,32 @@ def test_the_salt_fold_resists_splits_joins_and_reorders(parts: list[str], salt:
         folds.add(folded)
 
 
-@given(requests(), workers, st.none() | kv_objects)
-def test_the_502_fires_exactly_when_a_stripped_mm_leg_has_no_handoff(
-    request: Request, worker: WorkerCapability, returned: dict[str, object] | None
+@given(handoffs())
+def test_the_502_fires_exactly_when_a_leg_that_needs_kv_has_none(
+    example: tuple[Request, WorkerCapability, PrefillResult],
 ) -> None:
+    request, worker, prefill = example
     try:
         form, leg = build_decode_leg(request, worker)
     except PolicyError:
         return
-    leg = relay_kv(leg, returned)
-    should_fire = (
-        form is DecodeForm.TEXT_PLUS_HASHES
-        and bool(request.batches)
-        and request.kv_transfer_params is None
-        and request.kv_legacy is None
-        and (returned is None or request.n > 1)
+    leg = relay_kv(leg, prefill.kv_transfer_params, prefill.kv_legacy)
+    relayed = request.n <= 1 and (
+        prefill.kv_transfer_params is not None or prefill.kv_legacy is not None
+    )
+    has_kv = request.kv_transfer_params is not None or request.kv_legacy is not None or relayed
+    # A stripped leg recomputes an image-blind prompt; a metadata leg would need an encoder.
+    needs_kv = (form is DecodeForm.TEXT_PLUS_HASHES and bool(request.batches)) or (
+        form is DecodeForm.MROPE_METADATA
     )
     try:
         ensure_kv_handoff(request, form, leg)
     except MissingKvTransferParams as exc:
-        assert should_fire
+        assert needs_kv and not has_kv
         assert exc.status == 502
         assert not exc.retryable
     else:
-        assert not should_fire
+        assert not (needs_kv and not has_kv)
 
 
 @given(requests(), kv_objects)

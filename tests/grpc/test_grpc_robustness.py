@@ -8,13 +8,16 @@ from hypothesis import strategies as st
 from proto_strategies import protos, to_proto
 
 import pd_policy_grpc
+from fuzzing import counted, fuzz
 from pd_policy import MalformedRequest, PolicyError, VisionSupport, WorkerCapability
 from pd_policy.tools.scenarios import image_request
 from pd_policy_grpc import parse_generate_request, request_view
 from pd_policy_grpc.wire import common, pb
 
 
+@fuzz
 @given(st.binary(max_size=256))
+@counted
 def test_random_bytes_parse_or_give_a_typed_400(data: bytes) -> None:
     try:
         request = parse_generate_request(data)
@@ -24,7 +27,9 @@ def test_random_bytes_parse_or_give_a_typed_400(data: bytes) -> None:
         request_view(request)  # a message that parses and checks has a view
 
 
+@fuzz
 @given(protos(), st.data())
+@counted
 def test_truncated_messages_give_a_typed_400_or_a_consistent_message(
     proto: pb.GenerateRequest, data: st.DataObject
 ) -> None:
@@ -39,6 +44,44 @@ def test_truncated_messages_give_a_typed_400_or_a_consistent_message(
             pd_policy_grpc.build_decode_leg(request, WorkerCapability(support))
         except PolicyError as exc:
             assert exc.status == 400
+
+
+#: Byte edits of a valid message: a flip, an insertion, a deletion, at a drawn place.
+EDITS = ("flip", "insert", "delete")
+
+
+@fuzz
+@given(protos(), st.lists(st.tuples(st.sampled_from(EDITS), st.integers(0), st.integers(0, 255)),
+                          min_size=1, max_size=4))  # fmt: skip
+@counted
+def test_edited_messages_give_a_typed_400_or_a_leg_for_every_worker(
+    proto: pb.GenerateRequest, edits: list[tuple[str, int, int]]
+) -> None:
+    wire = bytearray(proto.SerializeToString())
+    for edit, where, byte in edits:
+        at = where % (len(wire) + 1)
+        if edit == "insert":
+            wire.insert(at, byte)
+        elif wire and edit == "flip":
+            wire[at % len(wire)] ^= byte or 1
+        elif wire:
+            del wire[at % len(wire)]
+    try:
+        request = parse_generate_request(bytes(wire))
+    except MalformedRequest as exc:
+        assert exc.status == 400
+        return
+    request_view(request)
+    for support in VisionSupport:
+        try:
+            form, leg = pd_policy_grpc.build_decode_leg(request, WorkerCapability(support))
+        except PolicyError as exc:
+            assert exc.status == 400
+            continue
+        try:
+            pd_policy_grpc.ensure_kv_handoff(request, form, leg)
+        except PolicyError as exc:
+            assert exc.status == 502
 
 
 def image() -> pb.GenerateRequest:
