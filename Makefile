@@ -7,7 +7,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo demo-live demo-http test lint typecheck pytest docs docs-tables bench vectors clean
+.PHONY: demo demo-live demo-http test lint typecheck pytest docs docs-tables bench vectors clean \
+	fuzz fuzz-policy fuzz-wire mutants
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +75,23 @@ clean:
 # Benchmarks: prints a table, writes bench/results.json and docs/performance.md.
 bench: $(VENV)/.bench
 	$(PY) bench/run.py
+
+# The properties marked `fuzz` (totality, no mutation, no leak, wire robustness) at 100,000
+# examples each (FUZZ_EXAMPLES=... for another count), on both cores: about 30 minutes.
+# Not part of `make test`, which runs the same properties at the CI profile's count.
+FUZZ := HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -p no:cacheprovider -q -m fuzz
+fuzz: $(VENV)/.test
+	$(MAKE) --no-print-directory -j2 fuzz-policy fuzz-wire
+
+fuzz-policy: $(VENV)/.test
+	$(FUZZ) tests/test_properties.py tests/test_no_leak.py tests/grpc/test_grpc_no_mutation.py
+
+fuzz-wire: $(VENV)/.test
+	$(FUZZ) tests/grpc/test_grpc_robustness.py
+
+# Break the code on purpose, one mutation at a time, and check the tests that guard it fail.
+mutants: $(VENV)/.test
+	$(PY) tests/mutants.py
 
 # Regenerate the committed conformance vectors (a test fails until they are current).
 vectors: $(VENV)/.test

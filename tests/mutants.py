@@ -1,0 +1,181 @@
+"""Break the code on purpose, one mutation at a time, and check that the tests guarding it fail.
+
+Each mutant is a textual edit of one source file (swap two checks, drop a field, drop a
+guard), applied to a copy of ``src/`` that is put first on ``PYTHONPATH``; the tests
+that claim to guard the rule then run against it. A mutant that no test kills is a rule
+the suite does not prove. The tests run under the CI profile, with a fixed seed so that a
+verdict can be reproduced. Run with ``make mutants`` (about five minutes); it prints a
+table and exits 1 if any mutant survives.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Final, NamedTuple
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+
+
+class Mutant(NamedTuple):
+    name: str
+    path: str  # under src/
+    old: str
+    new: str
+    tests: tuple[str, ...]  # what must fail
+
+
+PROPERTIES: Final = ("tests/test_properties.py", "tests/test_rules.py")
+MUTANTS: Final = (
+    Mutant(
+        "carve-outs swapped: media references before M-RoPE grids",
+        "pd_policy/decision.py",
+        "    if has_mrope_grids:\n        if not takes_mm_metadata:",
+        "    if has_media_refs and not takes_mm_metadata:\n"
+        "        raise MediaRefsOnLanguageModelOnlyDecode()\n"
+        "    if has_mrope_grids:\n        if not takes_mm_metadata:",
+        PROPERTIES,
+    ),
+    Mutant(
+        "n>1 carve-out dropped for grid-less batches",
+        "pd_policy/decision.py",
+        "    if not relay_kv and has_mm_inputs:\n"
+        "        raise NSamplesOnLanguageModelOnlyDecode()\n",
+        "",
+        PROPERTIES,
+    ),
+    Mutant(
+        "the 502 forgets the M-RoPE metadata leg",
+        "pd_policy/handoff.py",
+        " or form is DecodeForm.MROPE_METADATA:",
+        ":",
+        ("tests/test_properties.py", "tests/grpc/test_grpc_handoff_rule.py"),
+    ),
+    Mutant(
+        "the 502 fires for text requests too",
+        "pd_policy/handoff.py",
+        "(form is DecodeForm.TEXT_PLUS_HASHES and has_mm_inputs)",
+        "(form is DecodeForm.TEXT_PLUS_HASHES)",
+        ("tests/test_properties.py", "tests/grpc/test_grpc_handoff_rule.py"),
+    ),
+    Mutant(
+        "the salt fold drops the modality",
+        "pd_policy/salt.py",
+        "h.update(_MODALITY_TAG[modality] + _field(digest))",
+        "h.update(_field(digest))",
+        ("tests/test_properties.py",),
+    ),
+    Mutant(
+        "the salt fold lets no salt and an empty salt alias",
+        "pd_policy/salt.py",
+        'h.update(b"-" if caller_salt is None else b"+" + _field(caller_salt))',
+        'h.update(_field(caller_salt or ""))',
+        ("tests/test_properties.py",),
+    ),
+    Mutant(
+        "the salt fold drops its length prefixes (separators can be forged)",
+        "pd_policy/salt.py",
+        '    return len(raw).to_bytes(8, "big") + raw',
+        "    return raw",
+        ("tests/test_properties.py",),
+    ),
+    Mutant(
+        "a hash-less batch kept as an empty identity",
+        "pd_policy/legs.py",
+        "    if not batch.mm_hashes:\n        return None\n    return MultimodalBatch(",
+        "    return MultimodalBatch(",
+        ("tests/test_properties.py",),
+    ),
+    Mutant(
+        "the wire ignores M-RoPE grids in extra batches",
+        "pd_policy_grpc/facts.py",
+        "    return any(_has_grid(extra) for extra in request.extra_mm_inputs)",
+        "    return False",
+        ("tests/grpc/test_grpc_legs.py",),
+    ),
+    Mutant(
+        "the wire's stripped leg drops the extra batches",
+        "pd_policy_grpc/legs.py",
+        "            leg.extra_mm_inputs.append(identity)",
+        "            pass",
+        ("tests/grpc/test_grpc_legs.py", "tests/grpc/test_grpc_handoff_rule.py"),
+    ),
+    Mutant(
+        "the wire relays KV to an n>1 decode",
+        "pd_policy_grpc/kv.py",
+        "    if leg.sampling_params.n > 1:\n        return leg\n",
+        "",
+        ("tests/grpc/test_grpc_handoff_rule.py",),
+    ),
+    Mutant(
+        "a failed prefill is not aborted",
+        "pd_policy_grpc/client.py",
+        "                call.cancel()\n"
+        "                await self._abort(self._prefill, leg.request_id)",
+        "                call.cancel()",
+        ("tests/grpc/test_grpc_load.py",),
+    ),
+    Mutant(
+        "a decode cancelled mid-handoff is aborted at once",
+        "pd_policy_grpc/client.py",
+        "                if first.done():",
+        "                if True:",
+        ("tests/grpc/test_grpc_load.py",),
+    ),
+    Mutant(
+        "a request's repr shows its KV parameters",
+        "pd_policy/request.py",
+        "default=None, converter=kv_params_text, repr=redacted_repr",
+        "default=None, converter=kv_params_text",
+        ("tests/test_no_leak.py",),
+    ),
+)
+
+
+def run(mutant: Mutant, scratch: Path) -> tuple[bool, float]:
+    """Apply ``mutant`` to a fresh copy of src/ and run its tests; True if they failed."""
+    src = scratch / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
+    target = src / mutant.path
+    text = target.read_text()
+    if text.count(mutant.old) != 1:
+        raise SystemExit(f"{mutant.name}: the text to mutate is not in {mutant.path} once")
+    target.write_text(text.replace(mutant.old, mutant.new))
+    env = {**os.environ, "PYTHONPATH": str(src), "HYPOTHESIS_PROFILE": "ci"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    where = subprocess.run(
+        [sys.executable, "-c", "import pd_policy, pd_policy_grpc; print(pd_policy.__file__)"],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert where.stdout.startswith(str(src)), f"the mutant is not what imports: {where.stdout}"
+    started = time.monotonic()
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+         "--hypothesis-seed=0", *mutant.tests],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    return tests.returncode != 0, time.monotonic() - started
+
+
+def main() -> int:
+    survivors = []
+    with tempfile.TemporaryDirectory(prefix="pd-mutants-") as scratch:
+        for mutant in MUTANTS:
+            killed, seconds = run(mutant, Path(scratch))
+            print(
+                f"{'killed ' if killed else 'SURVIVED'} {seconds:5.1f}s  {mutant.name}", flush=True
+            )
+            if not killed:
+                survivors.append(mutant.name)
+    print(f"{len(MUTANTS) - len(survivors)} of {len(MUTANTS)} mutants killed")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
