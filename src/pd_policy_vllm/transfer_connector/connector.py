@@ -1,6 +1,8 @@
 """The connector: the scheduler side plans stores and loads per request, the worker side
 copies blocks as each step's metadata says (see the package's docs)."""
 
+from __future__ import annotations
+
 import json
 import logging
 import math
