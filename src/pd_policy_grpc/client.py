@@ -8,35 +8,22 @@ the decode request is sent.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator
 
 import grpc
-from pd_policy import (
-    DecodeCandidate,
-    KvConnectorMode,
-    PrefillKv,
-    WorkerCapability,
-    WorkerStreamError,
-    plan_kv_handoff,
-    select_decode_workers,
-)
+from pd_policy import DecodeCandidate, plan_kv_handoff, select_decode_workers
 
+from .calls import PdCalls
 from .kv import apply_kv_handoff, ensure_kv_handoff, prefill_leg, relay_kv
 from .legs import build_decode_leg
-from .status import error_from_rpc
 from .view import request_view
-from .wire import pb, pb_grpc
+from .wire import pb
 
 __all__ = ["SequentialPd"]
 
-logger = logging.getLogger(__name__)
 
-
-class SequentialPd:
+class SequentialPd(PdCalls):
     """Serve ``GenerateRequest`` messages through a prefill worker and a decode worker.
 
     ``decode`` is either one decode channel, with ``decode_worker`` its
@@ -88,41 +75,6 @@ class SequentialPd:
     ``KvConnectorMode.MOONCAKE`` (Mooncake needs the worker's bootstrap host).
     """
 
-    def __init__(
-        self,
-        prefill: grpc.aio.Channel,
-        decode: grpc.aio.Channel | Sequence[DecodeCandidate[grpc.aio.Channel]],
-        decode_worker: WorkerCapability | None = None,
-        *,
-        kv: PrefillKv | KvConnectorMode = KvConnectorMode.NIXL,
-        timeout: float | None = None,
-        abort_timeout: float = 2.0,
-        deferred_abort_max_wait: float = 30.0,
-    ) -> None:
-        self.kv = kv if isinstance(kv, PrefillKv) else PrefillKv(kv)
-        self._prefill = pb_grpc.VllmEngineStub(prefill)
-        if isinstance(decode, Sequence):
-            if decode_worker is not None:
-                raise TypeError("decode_worker goes with a single decode channel")
-            self.candidates = list(decode)
-        else:
-            if decode_worker is None:
-                raise TypeError("a single decode channel needs its decode_worker capability")
-            self.candidates = [DecodeCandidate(decode_worker, decode)]
-        self._stubs = {id(c.handle): pb_grpc.VllmEngineStub(c.handle) for c in self.candidates}
-        self.timeout = timeout
-        self.abort_timeout = abort_timeout
-        self.deferred_abort_max_wait = deferred_abort_max_wait
-        self._deferred: set[asyncio.Task[None]] = set()
-        if self.kv.mode is KvConnectorMode.PASSTHROUGH and any(
-            c.worker.language_model_only for c in self.candidates
-        ):
-            logger.warning(
-                "the prefill worker's connector is passthrough: a multimodal request sent to a "
-                "language-model-only decode worker is refused (502) unless the prefill engine "
-                "returns KV transfer parameters"
-            )
-
     async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateResponse]:
         """Serve ``request``; yields the decode worker's responses. See the class docs."""
         chosen = self.choose(request)
@@ -132,13 +84,15 @@ class SequentialPd:
         handoff = plan_kv_handoff(self.kv, n=request.sampling_params.n)
         apply_kv_handoff(leg, handoff)
         if handoff.runs_prefill:
-            complete = await self._run_prefill(prefill_leg(request, handoff))
+            complete = await self._run_prefill(prefill_leg(request, handoff), request.request_id)
             if handoff.relays:
                 relay_kv(leg, complete)
         ensure_kv_handoff(request, form, leg)
         # aclosing: a caller that stops iterating closes the decode stream now, not at
         # garbage collection, so its abort goes out while the channel is open.
-        async with contextlib.aclosing(self._stream_decode(decode, leg)) as stream:
+        async with contextlib.aclosing(
+            self._stream_decode(decode, leg, request.request_id)
+        ) as stream:
             async for response in stream:
                 yield response
 
@@ -152,76 +106,3 @@ class SequentialPd:
         if len(self.candidates) == 1:
             return self.candidates[0]  # build_decode_leg decides and refuses for it
         return select_decode_workers(request_view(request), self.candidates)[0]
-
-    async def aclose(self) -> None:
-        """Wait for the deferred decode aborts still pending."""
-        while self._deferred:
-            await asyncio.gather(*self._deferred, return_exceptions=True)
-
-    async def _run_prefill(self, leg: pb.GenerateRequest) -> pb.GenerateComplete:
-        started = False
-        complete: pb.GenerateComplete | None = None
-        call = self._prefill.Generate(leg, timeout=self.timeout)
-        try:
-            async for response in call:
-                started = True
-                if response.HasField("complete"):
-                    complete = response.complete
-        except grpc.aio.AioRpcError as exc:
-            raise error_from_rpc(exc, "prefill", started=started) from exc
-        finally:
-            if complete is None:
-                # Failed, cancelled or dropped before completing: nothing was handed off yet.
-                call.cancel()
-                await self._abort(self._prefill, leg.request_id)
-        if complete is None:
-            raise WorkerStreamError("prefill", "INTERNAL", "the stream ended without a completion")
-        return complete
-
-    async def _stream_decode(
-        self, decode: pb_grpc.VllmEngineStub, leg: pb.GenerateRequest
-    ) -> AsyncGenerator[pb.GenerateResponse]:
-        call = decode.Generate(leg, timeout=self.timeout)
-        # The first read runs in a task of its own, so that a caller cancelled while
-        # waiting for it does not cancel the call mid-handoff (see the class docs).
-        first: asyncio.Future[Any] = asyncio.ensure_future(call.read())
-        saw_item = ended = False
-        try:
-            try:
-                response = await asyncio.shield(first)
-                while response is not grpc.aio.EOF:
-                    saw_item = True
-                    yield response
-                    response = await call.read()
-            except grpc.aio.AioRpcError as exc:
-                raise error_from_rpc(exc, "decode", started=saw_item) from exc
-            ended = True
-        finally:
-            if not ended:
-                if first.done():
-                    call.cancel()
-                    await self._abort(decode, leg.request_id)
-                else:
-                    self._defer_abort(call, first, decode, leg.request_id)
-
-    def _defer_abort(
-        self,
-        call: Any,
-        first: asyncio.Future[Any],
-        stub: pb_grpc.VllmEngineStub,
-        request_id: str,
-    ) -> None:
-        async def abort_after_first_response() -> None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(first, self.deferred_abort_max_wait)
-            call.cancel()
-            await self._abort(stub, request_id)
-
-        task = asyncio.get_running_loop().create_task(abort_after_first_response())
-        self._deferred.add(task)
-        task.add_done_callback(self._deferred.discard)
-
-    async def _abort(self, stub: pb_grpc.VllmEngineStub, request_id: str) -> None:
-        # Best effort: the worker may be the reason we are aborting.
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
-            await stub.Abort(pb.AbortRequest(request_ids=[request_id]), timeout=self.abort_timeout)

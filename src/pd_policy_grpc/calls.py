@@ -1,0 +1,158 @@
+"""The calls of sequential P/D, shared by the routers on messages and on bytes.
+
+What a leg is made of differs between them; how its calls are made does not: the
+prefill call and its completion, the decode stream, and the aborts that settle
+every leg a request started (see [`SequentialPd`][pd_policy_grpc.client.SequentialPd]).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any, ClassVar, Protocol
+
+import grpc
+from pd_policy import (
+    DecodeCandidate,
+    KvConnectorMode,
+    PrefillKv,
+    WorkerCapability,
+    WorkerStreamError,
+)
+from pd_policy_grpc.status import error_from_rpc
+from pd_policy_grpc.wire import pb, pb_grpc
+
+__all__ = ["PdCalls", "Stub"]
+
+logger = logging.getLogger("pd_policy_grpc.client")
+
+
+class Stub(Protocol):
+    """The two methods of the engine service a router calls."""
+
+    Generate: Any
+    Abort: Any
+
+
+class PdCalls:
+    """The channels, the decode candidates and the calls of a sequential P/D router.
+
+    Subclasses say how a channel becomes a [`Stub`][pd_policy_grpc.calls.Stub]
+    (``_stub``) and how a prefill response is read (``_prefill_response``).
+    """
+
+    _stub: ClassVar[Any] = pb_grpc.VllmEngineStub
+
+    def __init__(
+        self,
+        prefill: grpc.aio.Channel,
+        decode: grpc.aio.Channel | Sequence[DecodeCandidate[grpc.aio.Channel]],
+        decode_worker: WorkerCapability | None = None,
+        *,
+        kv: PrefillKv | KvConnectorMode = KvConnectorMode.NIXL,
+        timeout: float | None = None,
+        abort_timeout: float = 2.0,
+        deferred_abort_max_wait: float = 30.0,
+    ) -> None:
+        self.kv = kv if isinstance(kv, PrefillKv) else PrefillKv(kv)
+        self._prefill = self._stub(prefill)
+        if isinstance(decode, Sequence):
+            if decode_worker is not None:
+                raise TypeError("decode_worker goes with a single decode channel")
+            self.candidates = list(decode)
+        else:
+            if decode_worker is None:
+                raise TypeError("a single decode channel needs its decode_worker capability")
+            self.candidates = [DecodeCandidate(decode_worker, decode)]
+        self._stubs = {id(c.handle): self._stub(c.handle) for c in self.candidates}
+        self.timeout = timeout
+        self.abort_timeout = abort_timeout
+        self.deferred_abort_max_wait = deferred_abort_max_wait
+        self._deferred: set[asyncio.Task[None]] = set()
+        if self.kv.mode is KvConnectorMode.PASSTHROUGH and any(
+            c.worker.language_model_only for c in self.candidates
+        ):
+            logger.warning(
+                "the prefill worker's connector is passthrough: a multimodal request sent to a "
+                "language-model-only decode worker is refused (502) unless the prefill engine "
+                "returns KV transfer parameters"
+            )
+
+    @staticmethod
+    def _prefill_response(item: Any) -> pb.GenerateResponse:
+        """A prefill response as the channel yields it, read."""
+        return item  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        """Wait for the deferred decode aborts still pending."""
+        while self._deferred:
+            await asyncio.gather(*self._deferred, return_exceptions=True)
+
+    async def _run_prefill(self, leg: Any, request_id: str) -> pb.GenerateComplete:
+        started = False
+        complete: pb.GenerateComplete | None = None
+        call = self._prefill.Generate(leg, timeout=self.timeout)
+        try:
+            async for item in call:
+                started = True
+                response = self._prefill_response(item)
+                if response.HasField("complete"):
+                    complete = response.complete
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc, "prefill", started=started) from exc
+        finally:
+            if complete is None:
+                # Failed, cancelled or dropped before completing: nothing was handed off yet.
+                call.cancel()
+                await self._abort(self._prefill, request_id)
+        if complete is None:
+            raise WorkerStreamError("prefill", "INTERNAL", "the stream ended without a completion")
+        return complete
+
+    async def _stream_decode(self, decode: Stub, leg: Any, request_id: str) -> AsyncGenerator[Any]:
+        call = decode.Generate(leg, timeout=self.timeout)
+        # The first read runs in a task of its own, so that a caller cancelled while
+        # waiting for it does not cancel the call mid-handoff (see the class docs).
+        first: asyncio.Future[Any] = asyncio.ensure_future(call.read())
+        saw_item = ended = False
+        try:
+            try:
+                response = await asyncio.shield(first)
+                while response is not grpc.aio.EOF:
+                    saw_item = True
+                    yield response
+                    response = await call.read()
+            except grpc.aio.AioRpcError as exc:
+                raise error_from_rpc(exc, "decode", started=saw_item) from exc
+            ended = True
+        finally:
+            if not ended:
+                if first.done():
+                    call.cancel()
+                    await self._abort(decode, request_id)
+                else:
+                    self._defer_abort(call, first, decode, request_id)
+
+    def _defer_abort(
+        self,
+        call: Any,
+        first: asyncio.Future[Any],
+        stub: Stub,
+        request_id: str,
+    ) -> None:
+        async def abort_after_first_response() -> None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(first, self.deferred_abort_max_wait)
+            call.cancel()
+            await self._abort(stub, request_id)
+
+        task = asyncio.get_running_loop().create_task(abort_after_first_response())
+        self._deferred.add(task)
+        task.add_done_callback(self._deferred.discard)
+
+    async def _abort(self, stub: Stub, request_id: str) -> None:
+        # Best effort: the worker may be the reason we are aborting.
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
+            await stub.Abort(pb.AbortRequest(request_ids=[request_id]), timeout=self.abort_timeout)
