@@ -1,0 +1,97 @@
+"""``SequentialPdBytes``: sequential P/D on serialized requests, end to end.
+
+A router that serves the engine's service through a generic handler holds each
+request as the bytes it received. This router takes those bytes, cuts both legs
+from them ([`legs`][pd_policy_grpc.raw.legs]) and sends the legs over channels whose
+``Generate`` has identity serializers, so no pixel is parsed, copied into a
+message or serialized again: the one copy of the payload is the prefill leg's
+own bytes. The decode worker's responses come back as bytes, for the router to
+forward as they are; only the prefill's responses (a token and the KV handoff)
+are parsed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import grpc
+from pd_policy import DecodeCandidate, plan_kv_handoff, select_decode_workers
+from pd_policy_grpc.calls import PdCalls
+from pd_policy_grpc.raw.legs import (
+    apply_kv_handoff,
+    build_decode_leg,
+    ensure_kv_handoff,
+    prefill_leg,
+    relay_kv,
+)
+from pd_policy_grpc.raw.reader import RawRequest, read_request
+from pd_policy_grpc.wire import pb
+
+__all__ = ["BytesStub", "SequentialPdBytes"]
+
+_SERVICE: Final = pb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
+
+
+class BytesStub:
+    """The engine's ``Generate`` with bytes in and bytes out, and its ``Abort`` as usual."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        # No serializers: grpc passes the bytes through untouched.
+        self.Generate: Any = channel.unary_stream(f"/{_SERVICE}/Generate")
+        self.Abort: Any = channel.unary_unary(
+            f"/{_SERVICE}/Abort",
+            request_serializer=pb.AbortRequest.SerializeToString,
+            response_deserializer=pb.AbortResponse.FromString,
+        )
+
+
+class SequentialPdBytes(PdCalls):
+    """[`SequentialPd`][pd_policy_grpc.client.SequentialPd] on serialized requests.
+
+    Constructed with the same arguments, it serves the same legs under the same
+    rules, errors and aborts; [`generate`][pd_policy_grpc.raw.client.SequentialPdBytes.generate]
+    takes a serialized ``GenerateRequest`` and yields each decode response as the
+    worker serialized it. The legs also carry the top-level fields this version
+    of the proto does not know.
+    """
+
+    _stub = BytesStub
+
+    @staticmethod
+    def _prefill_response(item: Any) -> pb.GenerateResponse:
+        return pb.GenerateResponse.FromString(item)
+
+    async def generate(self, data: bytes | RawRequest) -> AsyncIterator[bytes]:
+        """Serve a serialized request (or one already read); yields the decode responses'
+        bytes.
+
+        Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] for bytes that are not
+        a valid ``GenerateRequest``, and everything
+        [`SequentialPd.generate`][pd_policy_grpc.client.SequentialPd.generate] raises.
+        """
+        request = data if isinstance(data, RawRequest) else read_request(data)
+        chosen = self.choose(request)
+        decode = self._stubs[id(chosen.handle)]
+        form, leg = build_decode_leg(request, chosen.worker)
+        handoff = plan_kv_handoff(self.kv, n=request.n)
+        leg = apply_kv_handoff(leg, handoff)
+        request_id = request.skeleton.request_id
+        if handoff.runs_prefill:
+            complete = await self._run_prefill(bytes(prefill_leg(request, handoff)), request_id)
+            if handoff.relays:
+                leg = relay_kv(leg, complete)
+        ensure_kv_handoff(request, form, leg)
+        async with contextlib.aclosing(
+            self._stream_decode(decode, bytes(leg), request_id)
+        ) as stream:
+            async for response in stream:
+                yield response
+
+    def choose(self, request: RawRequest) -> DecodeCandidate[grpc.aio.Channel]:
+        """The decode candidate ``generate`` would use for ``request``; raises as
+        [`SequentialPd.choose`][pd_policy_grpc.client.SequentialPd.choose] does."""
+        if len(self.candidates) == 1:
+            return self.candidates[0]
+        return select_decode_workers(request.view(), self.candidates)[0]
