@@ -114,15 +114,15 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a failed prefill is not aborted",
-        "pd_policy_grpc/client.py",
+        "pd_policy_grpc/calls.py",
         "                call.cancel()\n"
-        "                await self._abort(self._prefill, leg.request_id)",
+        "                await self._abort(self._prefill, request_id)",
         "                call.cancel()",
         ("tests/grpc/test_grpc_load.py",),
     ),
     Mutant(
         "a decode cancelled mid-handoff is aborted at once",
-        "pd_policy_grpc/client.py",
+        "pd_policy_grpc/calls.py",
         "                if first.done():",
         "                if True:",
         ("tests/grpc/test_grpc_load.py",),

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 
 import pytest
+import routers
 from engines import LanguageModelOnlyDecodeEngine, PrefillEngine, serve
 from proto_strategies import to_proto
+from routers import sequential_pd
 
 from pd_policy import VisionSupport, WorkerCapability
 from pd_policy.tools.scenarios import image_request
 from pd_policy_grpc import SequentialPd
 
 LM_ONLY = WorkerCapability(VisionSupport.FALSE)
+
+
+@pytest.fixture(autouse=True, params=routers.MODES)
+def router_mode(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test here runs against the router on messages and on bytes."""
+    with routers.mode(request.param):
+        yield
 
 
 async def until(condition: asyncio.Event) -> None:
@@ -32,7 +41,7 @@ def run_with(
         async with AsyncExitStack() as stack:
             p_channel = await stack.enter_async_context(serve(p))
             d_channel = await stack.enter_async_context(serve(d))
-            pd = SequentialPd(
+            pd = sequential_pd(
                 p_channel, d_channel, LM_ONLY, timeout=10,
                 deferred_abort_max_wait=deferred_abort_max_wait,
             )  # fmt: skip

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 
 import pytest
+import routers
 from engines import (
     Engine,
     FullVisionDecodeEngine,
@@ -18,6 +19,7 @@ from engines import (
     serve,
 )
 from proto_strategies import to_proto
+from routers import sequential_pd
 
 from pd_policy import (
     InvalidConfiguration,
@@ -35,13 +37,20 @@ Body = Callable[[SequentialPd, PrefillEngine, Engine], Awaitable[None]]
 MOONCAKE = PrefillKv(KvConnectorMode.MOONCAKE, engine_id="p0", bootstrap_host="10.0.0.1")
 
 
+@pytest.fixture(autouse=True, params=routers.MODES)
+def router_mode(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test here runs against the router on messages and on bytes."""
+    with routers.mode(request.param):
+        yield
+
+
 def run(body: Body, *, kv: PrefillKv, prefill: PrefillEngine, decode: Engine) -> None:
     async def main() -> None:
         async with AsyncExitStack() as stack:
             p_channel = await stack.enter_async_context(serve(prefill))
             d_channel = await stack.enter_async_context(serve(decode))
             worker = WorkerCapability(VisionSupport.from_bool(decode.supports_vision))
-            pd = SequentialPd(p_channel, d_channel, worker, kv=kv, timeout=10)
+            pd = sequential_pd(p_channel, d_channel, worker, kv=kv, timeout=10)
             await body(pd, prefill, decode)
 
     asyncio.run(main())
@@ -128,5 +137,5 @@ def test_passthrough_relays_what_the_engine_returns(caplog: pytest.LogCaptureFix
 
 def test_mooncake_needs_a_bootstrap_host() -> None:
     with pytest.raises(InvalidConfiguration) as caught:
-        SequentialPd(None, None, WorkerCapability(), kv=KvConnectorMode.MOONCAKE)  # type: ignore[arg-type]
+        sequential_pd(None, None, WorkerCapability(), kv=KvConnectorMode.MOONCAKE)  # type: ignore[arg-type]
     assert caught.value.param == "bootstrap_host"

@@ -30,9 +30,12 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import attrs
+import pytest
+import routers
 from engines import answer, serve
 from faulty_engines import Fault, FaultyDecode, FaultyPrefill, kv_json
 from proto_strategies import to_proto
+from routers import sequential_pd
 
 import grpc
 from pd_policy import VisionSupport, WorkerCapability, WorkerFailedToStart, WorkerStreamError
@@ -61,6 +64,13 @@ MEMORY_BOUND = 256 * 1024
 LIVENESS = 30.0
 
 
+@pytest.fixture(autouse=True, params=routers.MODES)
+def router_mode(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test here runs against the router on messages and on bytes."""
+    with routers.mode(request.param):
+        yield
+
+
 @attrs.define
 class Rig:
     """The engines, their channels and the routers a test drives."""
@@ -73,7 +83,7 @@ class Rig:
 
     def router(self, **kwargs: Any) -> SequentialPd:
         """Another router over the same channels; the harness closes it too."""
-        pd = SequentialPd(*self.channels, LM_ONLY, **kwargs)
+        pd = sequential_pd(*self.channels, LM_ONLY, **kwargs)
         self.others.append(pd)
         return pd
 
@@ -198,7 +208,7 @@ def run(scenario: Callable[[Rig], Awaitable[None]], size: int = FAULT_LOAD) -> N
         async with AsyncExitStack() as stack:
             p_channel = await stack.enter_async_context(serve(prefill))
             d_channel = await stack.enter_async_context(serve(decode))
-            pd = SequentialPd(p_channel, d_channel, LM_ONLY, deferred_abort_max_wait=LIVENESS)
+            pd = sequential_pd(p_channel, d_channel, LM_ONLY, deferred_abort_max_wait=LIVENESS)
             rig = Rig(prefill, decode, (p_channel, d_channel), pd)
             # The same load once, untraced: caches and the containers that grow with
             # concurrency reach their size before the baseline is taken.

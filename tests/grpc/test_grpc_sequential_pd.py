@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 
 import pytest
+import routers
 from engines import (
     Engine,
     FullVisionDecodeEngine,
@@ -17,6 +18,7 @@ from engines import (
     serve,
 )
 from proto_strategies import to_proto
+from routers import sequential_pd
 
 import pd_policy
 from pd_policy import (
@@ -36,6 +38,13 @@ from pd_policy_grpc.wire import pb, pb_grpc
 Scenario = Callable[[SequentialPd, PrefillEngine, Engine], Awaitable[None]]
 
 
+@pytest.fixture(autouse=True, params=routers.MODES)
+def router_mode(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test here runs against the router on messages and on bytes."""
+    with routers.mode(request.param):
+        yield
+
+
 def run(
     scenario: Scenario,
     *,
@@ -52,7 +61,7 @@ def run(
             # The capability comes from the decode worker's own GetModelInfo, over the wire.
             info = await pb_grpc.VllmEngineStub(d_channel).GetModelInfo(pb.GetModelInfoRequest())
             capability = worker or capability_from_info(info)
-            pd = SequentialPd(p_channel, d_channel, capability, timeout=10)
+            pd = sequential_pd(p_channel, d_channel, capability, timeout=10)
             await scenario(pd, p, d)
 
     asyncio.run(main())
@@ -222,15 +231,15 @@ def test_several_decode_candidates_prefer_one_that_can_serve() -> None:
                 DecodeCandidate(pd_policy.WorkerCapability(VisionSupport.FALSE), lm_channel),
                 DecodeCandidate(pd_policy.WorkerCapability(VisionSupport.TRUE), vision_channel),
             ]
-            pd = SequentialPd(p_channel, candidates, timeout=10)
+            pd = sequential_pd(p_channel, candidates, timeout=10)
             await collect(pd, to_proto(image_request()))  # the first candidate can serve it
             assert len(lm_only.requests) == 1 and vision.requests == []
             await collect(pd, to_proto(mrope_request(request_id="qwen")))  # only vision can
             assert len(lm_only.requests) == 1 and len(vision.requests) == 1
-            lm_only_pool = SequentialPd(p_channel, candidates[:1], timeout=10)
+            lm_only_pool = sequential_pd(p_channel, candidates[:1], timeout=10)
             with pytest.raises(MropeOnLanguageModelOnlyDecode):
                 await collect(lm_only_pool, to_proto(mrope_request(request_id="no")))
             with pytest.raises(TypeError):
-                SequentialPd(p_channel, lm_channel)
+                sequential_pd(p_channel, lm_channel)
 
     asyncio.run(main())
