@@ -142,7 +142,10 @@ def batches(draw: st.DrawFn, n_ids: int, *, grid: bool | None = None) -> Multimo
     hashed = draw(_two_in_three)
     placed = n_ids > 0 and draw(_two_in_three)
     payload = draw(_payloads)
-    with_grid = draw(st.booleans()) if grid is None else grid
+    if grid is not None:
+        with_grid = grid
+    else:  # a batch with nothing else rarely has a grid: placeholders alone are the case
+        with_grid = draw(st.booleans()) if payload != "none" else not draw(_two_in_three)
     placeholders = placeholder_ranges(draw, n_ids, items) if placed else []
     item_hashes = draw(_item_hashes[items]) if hashed else []
     names: list[str] = draw(_grid_names) if with_grid else []
