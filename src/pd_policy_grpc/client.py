@@ -9,7 +9,7 @@ the decode request is sent.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import grpc
 from pd_policy import DecodeCandidate, plan_kv_handoff, select_decode_workers
@@ -75,7 +75,7 @@ class SequentialPd(PdCalls):
     ``KvConnectorMode.MOONCAKE`` (Mooncake needs the worker's bootstrap host).
     """
 
-    async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateResponse]:
+    async def generate(self, request: pb.GenerateRequest) -> AsyncGenerator[pb.GenerateResponse]:
         """Serve ``request``; yields the decode worker's responses. See the class docs."""
         chosen = self.choose(request)
         decode = self._stubs[id(chosen.handle)]

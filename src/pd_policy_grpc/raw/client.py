@@ -13,7 +13,7 @@ are parsed.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Final
 
 import grpc
@@ -63,7 +63,7 @@ class SequentialPdBytes(PdCalls):
     def _prefill_response(item: Any) -> pb.GenerateResponse:
         return pb.GenerateResponse.FromString(item)
 
-    async def generate(self, data: bytes | RawRequest) -> AsyncIterator[bytes]:
+    async def generate(self, data: bytes | RawRequest) -> AsyncGenerator[bytes]:
         """Serve a serialized request (or one already read); yields the decode responses'
         bytes.
 
