@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 
 import pytest
-import routers
 from engines import (
     Engine,
     FullVisionDecodeEngine,
@@ -19,8 +18,8 @@ from engines import (
     serve,
 )
 from proto_strategies import to_proto
-from routers import sequential_pd
 
+import routers
 from pd_policy import (
     InvalidConfiguration,
     KvConnectorMode,
@@ -32,6 +31,7 @@ from pd_policy import (
 from pd_policy.tools.scenarios import image_request, text_request
 from pd_policy_grpc import SequentialPd
 from pd_policy_grpc.wire import pb
+from routers import sequential_pd
 
 Body = Callable[[SequentialPd, PrefillEngine, Engine], Awaitable[None]]
 MOONCAKE = PrefillKv(KvConnectorMode.MOONCAKE, engine_id="p0", bootstrap_host="10.0.0.1")
@@ -137,5 +137,5 @@ def test_passthrough_relays_what_the_engine_returns(caplog: pytest.LogCaptureFix
 
 def test_mooncake_needs_a_bootstrap_host() -> None:
     with pytest.raises(InvalidConfiguration) as caught:
-        sequential_pd(None, None, WorkerCapability(), kv=KvConnectorMode.MOONCAKE)  # type: ignore[arg-type]
+        sequential_pd(None, None, WorkerCapability(), kv=KvConnectorMode.MOONCAKE)
     assert caught.value.param == "bootstrap_host"

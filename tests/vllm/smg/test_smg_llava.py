@@ -20,6 +20,7 @@ from smg_peers import Recorder, Streamed, servicer, streamed
 from tiny_models import TinyModel
 
 import grpc
+import routers
 from docs_examples import load_route
 from pd_policy import (
     KvConnectorMode,
@@ -33,6 +34,7 @@ from pd_policy import (
 from pd_policy.tools.scenarios import mrope_request
 from pd_policy_grpc import SequentialPd, capability_from_info, prefill_kv_from_info
 from pd_policy_grpc.wire import pb, pb_grpc
+from routers import sequential_pd
 from wire_messages import to_proto
 
 _FILLER = " ".join(["describe the red dog on the mat and the blue cat"] * 6)
@@ -119,15 +121,21 @@ async def sequential(
     _, prefill_server = await info(fleet.prefill)
     handoff = kv or prefill_kv_from_info(prefill_server, fleet.prefill)
     capability = capability_from_info(decode_info, decode_server, labels=labels)
-    return SequentialPd(p, d, capability, kv=handoff, timeout=60), prefill_calls, decode_calls
+    return sequential_pd(p, d, capability, kv=handoff, timeout=60), prefill_calls, decode_calls
 
 
-def test_images_a_b_a_match_one_full_vision_servicer(fleet: Fleet) -> None:
+@pytest.mark.parametrize("mode", routers.MODES)
+def test_images_a_b_a_match_one_full_vision_servicer(fleet: Fleet, mode: str) -> None:
+    # Both routers, the one on messages and the one on bytes; each its own prompt, so that
+    # neither finds the other's prefix cached.
+    variant = f"abA-{mode}"
+
     async def main() -> None:
-        expected = [await baseline(fleet, request(fleet, "abA", seed)) for seed in (1, 2)]
+        expected = [await baseline(fleet, request(fleet, variant, seed)) for seed in (1, 2)]
         assert expected[0].tokens != expected[1].tokens  # else matching would prove nothing
-        pd, prefill_calls, decode_calls = await sequential(fleet)
-        served = [await streamed(pd.generate(request(fleet, "abA", s))) for s in (1, 2, 1)]
+        with routers.mode(mode):
+            pd, prefill_calls, decode_calls = await sequential(fleet)
+        served = [await streamed(pd.generate(request(fleet, variant, s))) for s in (1, 2, 1)]
         assert [s.tokens for s in served] == [expected[0].tokens, expected[1].tokens,
                                               expected[0].tokens]  # fmt: skip
         # The decode servicer loaded the prefill's KV for A and for B, and its own prefix

@@ -21,6 +21,7 @@ from smg_peers import Streamed, servicer, streamed
 from tiny_models import TinyModel
 
 import grpc
+import routers
 from pd_policy import KvConnectorMode, PrefillKv, VisionSupport, plan_kv_handoff
 from pd_policy_grpc import (
     SequentialPd,
@@ -32,6 +33,7 @@ from pd_policy_grpc import (
     relay_kv,
 )
 from pd_policy_grpc.wire import pb, pb_grpc
+from routers import sequential_pd
 
 _LIMITS = {"image": 1, "video": 0}
 
@@ -142,25 +144,32 @@ async def sequential(fleet: Fleet) -> SequentialPd:
     prefill_server = await prefill_stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
     capability = capability_from_info(decode_info, decode_server)
     kv = prefill_kv_from_info(prefill_server, fleet.prefill)
-    return SequentialPd(p, d, capability, kv=kv, timeout=60)
+    return sequential_pd(p, d, capability, kv=kv, timeout=60)
 
 
-def test_images_a_b_a_on_a_language_model_only_decode_that_takes_metadata(fleet: Fleet) -> None:
+@pytest.mark.parametrize("mode", routers.MODES)
+def test_images_a_b_a_on_a_language_model_only_decode_that_takes_metadata(
+    fleet: Fleet, mode: str
+) -> None:
+    # Both routers, on messages and on bytes, each with its own prompt (a fresh cache).
+    variant = f"meta-{mode}"
+
     async def main() -> None:
         expected = [
-            await generate(fleet.baseline, request(fleet, "meta", seed, logprobs=0))
+            await generate(fleet.baseline, request(fleet, variant, seed, logprobs=0))
             for seed in (1, 2)
         ]
         # The images give other answers (the tiny model's greedy tokens may tie; its
         # log-probabilities do not), else matching them would prove nothing.
         assert expected[0].logprobs != pytest.approx(expected[1].logprobs, abs=1e-4)
-        pd = await sequential(fleet)
+        with routers.mode(mode):
+            pd = await sequential(fleet)
         (candidate,) = pd.candidates
         # Inferred from the servicer's own answers: supports_vision false, a KV consumer,
         # and an encoder budget vLLM gives only to embedding-only modalities.
         assert candidate.worker.takes_mm_metadata
         served = [
-            await streamed(pd.generate(request(fleet, "meta", seed, logprobs=0)))
+            await streamed(pd.generate(request(fleet, variant, seed, logprobs=0)))
             for seed in (1, 2, 1)
         ]
         for got, want in zip(served, [expected[0], expected[1], expected[0]], strict=True):
