@@ -15,11 +15,14 @@ def python_blocks(page: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(encoding="utf-8"), re.S)
 
 
-def load_route() -> Callable[..., Awaitable[tuple[int, Any]]]:
-    """``route()``, the router example of ``docs/grpc.md`` (its only Python block)."""
-    (block,) = python_blocks("grpc.md")
-    assert len(block.strip().splitlines()) < 30
+def load_route(name: str = "route") -> Callable[..., Awaitable[tuple[int, Any]]]:
+    """A router example of ``docs/grpc.md``: ``route()`` on messages, ``route_bytes()`` on
+    bytes. The page's Python blocks run in order in one namespace, as a reader reads them."""
+    blocks = python_blocks("grpc.md")
+    assert len(blocks) == 2
+    assert len(blocks[0].strip().splitlines()) < 30
     namespace: dict[str, Any] = {}
-    exec(compile(block, str(DOCS / "grpc.md"), "exec"), namespace)
-    route: Callable[..., Awaitable[tuple[int, Any]]] = namespace["route"]
+    for block in blocks:
+        exec(compile(block, str(DOCS / "grpc.md"), "exec"), namespace)
+    route: Callable[..., Awaitable[tuple[int, Any]]] = namespace[name]
     return route
