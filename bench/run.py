@@ -3,10 +3,11 @@
 Timing is ``timeit`` with warm-up, repeats and medians; every ratio compares
 cases measured in this one run, on this machine. Prints a table, writes
 ``bench/results.json`` and rewrites the tables in ``docs/performance.md``. The HTTP
-proxy (``bench/http_proxy.py``) and ``SequentialPd`` under load (``bench/grpc_load.py``)
-are measured too, unless skipped.
+proxy (``bench/http_proxy.py``), ``SequentialPd`` under load (``bench/grpc_load.py``) and a
+router's whole hop on messages and on bytes (``bench/byte_hop.py``) are measured too, unless
+skipped.
 
-Run: ``python bench/run.py [--quick] [--no-docs] [--no-proxy] [--no-grpc-load]``.
+Run: ``python bench/run.py [--quick] [--no-docs] [--no-proxy] [--no-grpc-load] [--no-byte-hop]``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import byte_hop  # bench/, beside this script
 import google.protobuf
 import grpc_load  # bench/, beside this script
 import http_proxy  # bench/, beside this script
@@ -373,12 +375,17 @@ def main() -> int:
     parser.add_argument(
         "--no-grpc-load", action="store_true", help="skip the SequentialPd load benchmark"
     )
+    parser.add_argument(
+        "--no-byte-hop", action="store_true", help="skip the message-versus-bytes hop benchmark"
+    )
     args = parser.parse_args()
     results = run(args.quick)
     if not args.no_proxy:
         results["http_proxy"] = http_proxy.measure(args.quick)
     if not args.no_grpc_load:
         results["grpc_load"] = grpc_load.measure(args.quick)
+    if not args.no_byte_hop:
+        results["byte_hop"] = byte_hop.measure(args.quick)
     (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     rendered = table(results)
     print(rendered)
@@ -388,6 +395,9 @@ def main() -> int:
     load = grpc_load.table(results["grpc_load"]) if "grpc_load" in results else None
     if load is not None:
         print("\n" + load)
+    hop = byte_hop.table(results["byte_hop"]) if "byte_hop" in results else None
+    if hop is not None:
+        print("\n" + hop)
     if not args.no_docs:
         doc = ROOT / "docs" / "performance.md"
         text = splice(doc.read_text(encoding="utf-8"), "performance", rendered)
@@ -395,6 +405,8 @@ def main() -> int:
             text = splice(text, "performance-http", proxy)
         if load is not None:
             text = splice(text, "performance-grpc-load", load)
+        if hop is not None:
+            text = splice(text, "performance-byte-hop", hop)
         doc.write_text(text, encoding="utf-8")
     return 0
 

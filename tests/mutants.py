@@ -113,6 +113,35 @@ MUTANTS: Final = (
         ("tests/grpc/test_grpc_handoff_rule.py",),
     ),
     Mutant(
+        "the byte reader takes the sizes tensors of the last primary occurrence only",
+        "pd_policy_grpc/raw/reader.py",
+        "            primary |= _map_value_names(buf, field)",
+        "            primary = _map_value_names(buf, field)",
+        ("tests/grpc/test_raw_legs.py",),
+    ),
+    Mutant(
+        "the byte prefill leg leaves an extra batch's grids off the CPU list",
+        "pd_policy_grpc/raw/legs.py",
+        "        missing = _missing_grids(next(extras))\n        if missing:",
+        "        missing = _missing_grids(next(extras))\n        if False:",
+        ("tests/grpc/test_raw_legs.py",),
+    ),
+    Mutant(
+        "the byte relay puts KV on an n>1 decode",
+        "pd_policy_grpc/raw/legs.py",
+        "    if leg.n > 1:\n        return leg\n",
+        "",
+        ("tests/grpc/test_raw_legs.py",),
+    ),
+    Mutant(
+        "the byte decode leg drops the fields this proto does not know",
+        "pd_policy_grpc/raw/legs.py",
+        "    return form, whole.without(*_MM).plus(*batches)",
+        "    return form, RawLeg(tuple(e for e in whole.without(*_MM).entries if e.number < 100), "
+        "whole.n).plus(*batches)",
+        ("tests/grpc/test_raw_legs.py",),
+    ),
+    Mutant(
         "a failed prefill is not aborted",
         "pd_policy_grpc/calls.py",
         "                call.cancel()\n"
