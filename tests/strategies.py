@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from pd_policy import (
     MROPE_GRID_KEYS,
+    EncoderCacheRole,
     LegacyKvParams,
     MediaRef,
     Modality,
@@ -271,6 +272,7 @@ workers = st.builds(
     st.sampled_from(["", "inprocess", "redis"]),
     st.lists(st.sampled_from(["http", "https", "data", "s3"]), unique=True, max_size=3),
     support,
+    st.sampled_from(list(EncoderCacheRole)),
 )
 #: Language-model-only workers, a third of them taking M-RoPE metadata.
 lm_only_workers = st.builds(

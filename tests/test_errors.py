@@ -24,6 +24,7 @@ CONTRACT = {
     "pd_decode_language_model_only_media_refs": 400,
     "pd_decode_language_model_only_n_samples": 400,
     "pd_decode_missing_kv_transfer_params": 502,
+    "pd_prefill_missing_encoder_output": 502,
     "multimodal_not_supported": 400,
     "pd_invalid_request": 400,
 }

@@ -6,7 +6,7 @@ unknown key, a missing required key or a value of the wrong type raises
 its path (``batches[0].tensors.image_grid_thw.shape``). ``null`` is the absent value of
 an optional field whose default is absent (``input_ids``, ``text``, the KV parameters,
 ``cache_salt``, ``pixel_values``, ``im_token_id``, ``encoder_input_key``, and a
-worker's two support values); for any other field it is the wrong type. Text is read
+worker's two support values and ``ec_role``); for any other field it is the wrong type. Text is read
 with [`loads_strict`][pd_policy.jsontext.loads_strict] (a key twice is refused). Encoding
 is the exact inverse: ``request_from_json(request_to_json(r)) == r``.
 """
@@ -14,11 +14,11 @@ is the exact inverse: ``request_from_json(request_to_json(r)) == r``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from .batch import Modality, MultimodalBatch, PlaceholderRange
-from .errors import MalformedRequest
+from .encoder_cache import EncoderCacheRole
+from .jsonread import _build, _enum, _expect, _fail, _int, _join, _list, _obj, _opt, _str
 from .request import LegacyKvParams, MediaRef, Request
 from .tensor import PayloadLocation, TensorDescriptor
 from .worker import Support, WorkerCapability
@@ -26,80 +26,6 @@ from .worker import Support, WorkerCapability
 __all__ = ["request_from_json", "request_to_json", "worker_from_json", "worker_to_json"]
 
 T = TypeVar("T")
-
-_TYPE_NAMES = {
-    str: "a string",
-    int: "an integer",
-    bool: "a boolean",
-    list: "a list",
-    dict: "an object",
-}
-
-
-def _fail(path: str, message: str) -> MalformedRequest:
-    return MalformedRequest(f"{path or 'the document'}: {message}", param=path or None)
-
-
-def _join(path: str, key: str | int) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    return f"{path}.{key}" if path else key
-
-
-def _expect(value: object, kind: type[T], path: str) -> T:
-    # bool is an int subclass; JSON true is never a token id or a count.
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise _fail(path, f"expected {_TYPE_NAMES.get(kind, kind.__name__)}")
-    return value
-
-
-def _obj(
-    value: object, path: str, required: frozenset[str], optional: frozenset[str]
-) -> dict[str, Any]:
-    obj = _expect(value, dict, path)
-    for key in obj:
-        if not isinstance(key, str) or key not in required | optional:
-            raise _fail(_join(path, str(key)), "unknown field")
-    for key in sorted(required):
-        if key not in obj:
-            raise _fail(_join(path, key), "missing required field")
-    return obj
-
-
-def _list(value: object, path: str, item: Callable[[object, str], T]) -> list[T]:
-    return [item(v, _join(path, i)) for i, v in enumerate(_expect(value, list, path))]
-
-
-def _opt(obj: Mapping[str, Any], key: str, path: str, read: Callable[[object, str], T]) -> T | None:
-    value = obj.get(key)
-    return None if value is None else read(value, _join(path, key))
-
-
-def _str(v: object, p: str) -> str:
-    return _expect(v, str, p)
-
-
-def _int(v: object, p: str) -> int:
-    return _expect(v, int, p)
-
-
-def _build(path: str, make: Callable[[], T]) -> T:
-    """Run a constructor, re-rooting its error's ``param`` at ``path``."""
-    try:
-        return make()
-    except MalformedRequest as exc:
-        param = _join(path, exc.param) if exc.param else path
-        raise MalformedRequest(exc.message, param=param or None) from None
-
-
-def _enum(kind: type[Any], value: object, path: str) -> Any:
-    text = _str(value, path)
-    try:
-        return kind(text)
-    except ValueError:
-        allowed = ", ".join(repr(m.value) for m in kind)
-        raise _fail(path, f"expected one of {allowed}") from None
-
 
 _TENSOR_KEYS: tuple[frozenset[str], frozenset[str]] = (
     frozenset({"shape", "dtype"}),
@@ -274,22 +200,39 @@ def request_to_json(request: Request) -> dict[str, Any]:
 
 _WORKER_KEYS: tuple[frozenset[str], frozenset[str]] = (
     frozenset(),
-    frozenset({"supports_vision", "mm_processor", "mm_media_ref_schemes", "accepts_mm_metadata"}),
+    frozenset(
+        {
+            "supports_vision",
+            "mm_processor",
+            "mm_media_ref_schemes",
+            "accepts_mm_metadata",
+            "ec_role",
+        }
+    ),
 )
+_ROLES = {r.value: r for r in EncoderCacheRole if r is not EncoderCacheRole.UNKNOWN}
+
+
+def _role(value: object, path: str) -> EncoderCacheRole:
+    if _expect(value, str, path) not in _ROLES:
+        raise _fail(path, "expected producer, consumer or none")
+    return _ROLES[value]
 
 
 def worker_from_json(value: object) -> WorkerCapability:
     """Decode a worker capability: ``supports_vision`` and ``accepts_mm_metadata`` are
-    ``true``, ``false`` or ``null`` (absent: ``null``)."""
+    ``true``, ``false`` or ``null`` (absent: ``null``); ``ec_role`` is ``producer``,
+    ``consumer``, ``none`` or ``null`` (absent: unknown)."""
     obj = _obj(value, "", *_WORKER_KEYS)
     vision = _opt(obj, "supports_vision", "", lambda v, p: _expect(v, bool, p))
     metadata = _opt(obj, "accepts_mm_metadata", "", lambda v, p: _expect(v, bool, p))
     processor = _str(obj.get("mm_processor", ""), "mm_processor")
     schemes = _list(obj.get("mm_media_ref_schemes", []), "mm_media_ref_schemes", _str)
+    role = _opt(obj, "ec_role", "", _role) or EncoderCacheRole.UNKNOWN
     return _build(
         "",
         lambda: WorkerCapability(
-            Support.from_bool(vision), processor, tuple(schemes), Support.from_bool(metadata)
+            Support.from_bool(vision), processor, tuple(schemes), Support.from_bool(metadata), role
         ),
     )
 
@@ -304,4 +247,6 @@ def worker_to_json(worker: WorkerCapability) -> dict[str, Any]:
     }
     if worker.accepts_mm_metadata is not Support.UNKNOWN:
         out["accepts_mm_metadata"] = worker.accepts_mm_metadata.to_bool()
+    if worker.encoder_cache is not EncoderCacheRole.UNKNOWN:
+        out["ec_role"] = worker.encoder_cache.value
     return out

@@ -21,6 +21,7 @@ __all__ = [
     "InvalidConfiguration",
     "MalformedRequest",
     "MediaRefsOnLanguageModelOnlyDecode",
+    "MissingEncoderOutput",
     "MissingKvTransferParams",
     "MropeOnLanguageModelOnlyDecode",
     "MultimodalNotSupported",
@@ -168,6 +169,25 @@ class MissingKvTransferParams(PolicyError):
         "the prefill worker returned no kv_transfer_params for this multimodal request, and "
         "the language-model-only decode worker cannot recompute the prompt locally "
         "(outdated servicer or missing kv-transfer-config?)"
+    )
+
+
+class MissingEncoderOutput(PolicyError):
+    """The encode leg answered without an encoder output for an item the prefill needs.
+
+    ``param`` names the item (``batches[i].mm_hashes[j]``), never its hash.
+    """
+
+    code = "pd_prefill_missing_encoder_output"
+    status = 502
+    meaning = (
+        "The encoder worker returned no ec_transfer_params entry for an item of the request, "
+        "or one under another hash: the prefill worker would miss its encoder cache, which "
+        "hangs or kills a vLLM engine, so no prefill is sent."
+    )
+    default_message = (
+        "the encoder worker returned no output for an item of this request; no prefill was "
+        "sent (a prefill that misses its encoder cache kills the engine)"
     )
 
 

@@ -8,6 +8,7 @@ from typing import Final
 
 import attrs
 
+from .encoder_cache import EC_ROLE_LABEL, EncoderCacheRole
 from .errors import MalformedRequest
 from .fields import instance_of
 
@@ -115,6 +116,11 @@ class WorkerCapability:
     accepts_mm_metadata: Support = attrs.field(
         default=Support.UNKNOWN, validator=instance_of(Support)
     )
+    #: Its role in the encoder cache of E/P/D
+    #: ([`EncoderCacheRole`][pd_policy.encoder_cache.EncoderCacheRole]).
+    encoder_cache: EncoderCacheRole = attrs.field(
+        default=EncoderCacheRole.UNKNOWN, validator=instance_of(EncoderCacheRole)
+    )
 
     @property
     def language_model_only(self) -> bool:
@@ -139,7 +145,9 @@ class WorkerCapability:
         [`SUPPORTS_VISION_LABEL`][pd_policy.worker.SUPPORTS_VISION_LABEL] makes a
         worker language-model-only, as in the SMG gateway; ``"true"`` makes it
         vision-capable and anything else (or no label) leaves it unknown.
-        [`MM_METADATA_LABEL`][pd_policy.worker.MM_METADATA_LABEL] reads the same way.
+        [`MM_METADATA_LABEL`][pd_policy.worker.MM_METADATA_LABEL] reads the same way;
+        [`EC_ROLE_LABEL`][pd_policy.encoder_cache.EC_ROLE_LABEL] takes exactly ``producer``,
+        ``consumer`` or ``none``.
         Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] when ``labels`` is not a
         mapping of strings to strings.
         """
@@ -160,6 +168,7 @@ class WorkerCapability:
             mm_processor=labels.get(MM_PROCESSOR_LABEL, ""),
             mm_media_ref_schemes=tuple(s.strip() for s in schemes.split(",") if s.strip()),
             accepts_mm_metadata=metadata,
+            encoder_cache=EncoderCacheRole.from_label(labels.get(EC_ROLE_LABEL)),
         )
 
     def to_labels(self) -> dict[str, str]:
@@ -173,4 +182,6 @@ class WorkerCapability:
             labels[SUPPORTS_VISION_LABEL] = self.supports_vision.value
         if self.accepts_mm_metadata is not Support.UNKNOWN:
             labels[MM_METADATA_LABEL] = self.accepts_mm_metadata.value
+        if self.encoder_cache is not EncoderCacheRole.UNKNOWN:
+            labels[EC_ROLE_LABEL] = self.encoder_cache.value
         return labels
