@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = {
     "connectors": ROOT / "docs" / "grpc.md",
     "decisions": ROOT / "docs" / "decisions.md",
+    "epd": ROOT / "docs" / "epd.md",
     "errors": ROOT / "docs" / "errors.md",
 }
 

@@ -222,6 +222,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "## Worker": {
         "supports_vision": False,
         "accepts_mm_metadata": True,
+        "ec_role": "consumer",
         "mm_processor": "inprocess",
         "mm_media_ref_schemes": ["https"],
     },
@@ -318,7 +319,7 @@ def null_means_absent() -> set[str]:
 
 def test_null_is_absent_exactly_for_the_fields_the_rules_list() -> None:
     listed = null_means_absent()
-    assert len(listed) == 10
+    assert len(listed) == 11
     for heading, samples in SAMPLES.items():
         required = REQUIRED[heading]
         for field in samples:

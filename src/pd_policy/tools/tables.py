@@ -1,6 +1,7 @@
 """The docs tables, rendered from the code so the docs cannot drift from it.
 
-``docs/decisions.md``, ``docs/errors.md`` and ``docs/grpc.md`` hold these tables between
+``docs/decisions.md``, ``docs/epd.md``, ``docs/errors.md`` and ``docs/grpc.md`` hold these
+tables between
 ``<!-- BEGIN GENERATED: name -->`` and ``<!-- END GENERATED: name -->``
 markers; a test checks that they are current and ``pd-policy tables --write``
 rewrites them.
@@ -8,20 +9,24 @@ rewrites them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Final
 
 from pd_policy.catalog import ERROR_CATALOG
 from pd_policy.connectors import CONNECTOR_MODES, NIXL_PREFILL_PARAMS, KvConnectorMode
 from pd_policy.decision import DecodeForm, sequential_pd_decode_form
+from pd_policy.encoder_cache import encoder_outputs
+from pd_policy.epd import PrefillForm, encoder_consumer_leg, needs_encode_leg
 from pd_policy.errors import PolicyError
+from pd_policy.mrope import has_mrope_grids
 from pd_policy.request import Request
 from pd_policy.tensor import PayloadLocation
 from pd_policy.worker import Support, WorkerCapability
 
 from .scenarios import image_request, media_ref_request, mrope_request, text_request
 
-__all__ = ["TABLES", "decision_table", "error_table", "splice"]
+__all__ = ["TABLES", "decision_table", "epd_table", "error_table", "splice"]
 
 _WORKERS: Final = (
     ("vision-capable (`true`)", WorkerCapability(Support.TRUE)),
@@ -76,6 +81,47 @@ def decision_table() -> str:
     )
 
 
+def _epd_answer(request: Request, *, metadata: bool, drop_first: bool = False) -> str:
+    items = [h for b in request.batches for h in b.mm_hashes][1 if drop_first else 0 :]
+    meta = {"image_grid_thw": [[1, 2, 2]]} if metadata else {}
+    return json.dumps({h: {"item_indices": [0], "metadata": meta} for h in items})
+
+
+_EPD_REQUESTS: Final = (
+    ("text", text_request(), False, False),
+    ("grid-less image (LLaVA: no metadata published)", image_request(), False, False),
+    ("M-RoPE image (Qwen2-VL: its grid published)", mrope_request(), True, False),
+    ("an item the encoder did not answer for", mrope_request(), True, True),
+    ("media references", media_ref_request(), False, False),
+)
+
+
+def _epd_cells(request: Request, worker: WorkerCapability, metadata: bool, drop: bool) -> str:
+    if not needs_encode_leg(request):
+        return f"no encode leg (P/D) | - | {_cell(request, worker)}"
+    try:
+        built = encoder_consumer_leg(
+            request, encoder_outputs(_epd_answer(request, metadata=metadata, drop_first=drop))
+        )
+    except PolicyError as exc:
+        return f"sent | {exc.status} `{exc.code}`, nothing sent | -"
+    return f"sent | `{built.form.name}` + encoder outputs | {_cell(request, worker)}"
+
+
+def epd_table() -> str:
+    """E/P/D: what each leg carries by request, for a language-model-only decode."""
+    rows = [
+        "| request | encode leg | prefill leg (cache consumer) | decode leg |",
+        "|---" * 4 + "|",
+    ]
+    for label, request, metadata, drop in _EPD_REQUESTS:
+        worker = _WORKERS[3][1] if has_mrope_grids(request) else _WORKERS[2][1]
+        rows.append(f"| {label} | {_epd_cells(request, worker, metadata, drop)} |")
+    legend = ", ".join(f"`{f.name}`" for f in PrefillForm)
+    return "\n".join([*rows, "", f"Prefill forms: {legend}. The decode worker is "
+                       "language-model-only (and takes metadata, for M-RoPE)."])  # fmt: skip
+
+
 def connector_table() -> str:
     """The KV connectors this library knows, by handoff contract, with what each leg carries."""
     by_mode: dict[KvConnectorMode, list[str]] = {mode: [] for mode in KvConnectorMode}
@@ -115,6 +161,7 @@ def error_table() -> str:
 TABLES: Final[dict[str, Callable[[], str]]] = {
     "connectors": connector_table,
     "decisions": decision_table,
+    "epd": epd_table,
     "errors": error_table,
 }
 

@@ -18,7 +18,9 @@ Operations:
 * ``fold_salt``: the salt for identities and a caller's salt, in both formats;
 * ``connector_mode``: a vLLM connector name's handoff contract, or the error;
 * ``kv_handoff``: the handoff plan for a prefill worker and ``n`` (a fixed
-  ``transfer_id``), and the prefill leg of a request under it.
+  ``transfer_id``), and the prefill leg of a request under it;
+* ``epd_prefill``: E/P/D's prefill leg for an encoder-cache consumer, from a request and
+  the encoder's ``ec_transfer_params`` (the form, the leg and the parameters), or the error.
 """
 
 from .cases import ADVERSARIAL

@@ -164,3 +164,30 @@ def check_cases(add: Callable[..., None], shapes: Mapping[str, tuple[str, Reques
         ),
         decode_worker=lm_only,
     )
+    _epd_cases(add, req)
+
+
+def _epd_cases(add: Callable[..., None], req: Callable[[Request], Any]) -> None:
+    """E/P/D: the prefill leg for a cache consumer from the encoder's answer, or the error."""
+
+    def answer(request: Request, *, metadata: bool, skip: int = -1) -> dict[str, Any]:
+        items = [h for b in request.batches for h in b.mm_hashes]
+        meta = {"image_grid_thw": [[1, 2, 2]]} if metadata else {}
+        return {h: {"item_indices": [i], "metadata": meta}
+                for i, h in enumerate(items) if i != skip}  # fmt: skip
+
+    qwen, llava = mrope_request(), image_request()
+    cases = {
+        "metadata": (qwen, answer(qwen, metadata=True)),
+        "image": (llava, answer(llava, metadata=False)),
+        "missing_item": (qwen, answer(qwen, metadata=True, skip=0)),
+        "no_answer": (llava, None),
+        "hashless": (mrope_request(hashes=False), {}),
+        "no_placeholders": (
+            qwen.derive(batches=[attrs.evolve(b, placeholders=()) for b in qwen.batches]),
+            answer(qwen, metadata=True),
+        ),
+    }
+    for name, (request, params) in cases.items():
+        add(f"epd_prefill/{name}", "the prefill leg of a cache consumer, or the error",
+            "epd_prefill", request=req(request), ec_transfer_params=params)  # fmt: skip

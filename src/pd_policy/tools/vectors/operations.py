@@ -14,6 +14,8 @@ from typing import Any, Final, TypeVar, cast
 from pd_policy.batch import Modality
 from pd_policy.codec import request_from_json, request_to_json, worker_from_json
 from pd_policy.connectors import KvConnectorMode, PrefillKv, connector_mode, plan_kv_handoff
+from pd_policy.encoder_cache import encoder_outputs
+from pd_policy.epd import encoder_consumer_leg
 from pd_policy.errors import InvalidConfiguration, MalformedRequest, PolicyError
 from pd_policy.legs import ensure_language_model_only_leg
 from pd_policy.prefill import prefill_leg
@@ -189,6 +191,21 @@ def _handoff_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
     return outcome
 
 
+def _epd_prefill_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
+    request = request_from_json(_field(case, "request", dict))
+    answer = _opt_field(case, "ec_transfer_params", dict)
+    try:
+        built = encoder_consumer_leg(request, encoder_outputs(answer))
+    except PolicyError as exc:
+        return _error(exc)
+    return {
+        "status": 200,
+        "form": built.form.value,
+        "leg": request_to_json(built.leg),
+        "ec_transfer_params": json.loads(built.ec_transfer_params),
+    }
+
+
 #: Every operation a case may name, and what it runs.
 OPERATIONS: Final[dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]]] = {
     "plan": _plan_outcome,
@@ -198,6 +215,7 @@ OPERATIONS: Final[dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]]] = {
     "ensure_model_accepts_media": _media_outcome,
     "worker_guard": _guard_outcome,
     "fold_salt": _salt_outcome,
+    "epd_prefill": _epd_prefill_outcome,
 }
 
 
