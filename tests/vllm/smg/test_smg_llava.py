@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import attrs
 import pytest
+from live_engines import BLOCK_SIZE
 from router_side import image, router_request
 from servers import running
 from smg_peers import Recorder, Streamed, servicer, streamed
@@ -140,10 +141,13 @@ def test_images_a_b_a_match_one_full_vision_servicer(fleet: Fleet, mode: str) ->
                                               expected[0].tokens]  # fmt: skip
         # The decode servicer loaded the prefill's KV for A and for B, and its own prefix
         # cache (the servicer folds the hashes into the salt) hit for A again, not for B.
+        # The first block holds only the image's ids, before the variant's text: the
+        # second router's run finds it cached from the first's, under the same salt.
         first, b, again = (s.kv_report for s in served)
         assert first["loaded_tokens"] > 0 and b["loaded_tokens"] > 0
-        assert (first["local_cached_tokens"], b["local_cached_tokens"]) == (0, 0)
-        assert again["local_cached_tokens"] > 0
+        cached = (first["local_cached_tokens"], b["local_cached_tokens"])
+        assert cached == ((0, 0) if mode == routers.MODES[0] else (BLOCK_SIZE, BLOCK_SIZE))
+        assert again["local_cached_tokens"] > max(cached)
         assert (prefill_calls.generates, decode_calls.generates) == (3, 3)
 
     asyncio.run(main())
