@@ -58,7 +58,8 @@ def _mm_identity(batch: pb.MultimodalInputs) -> pb.MultimodalInputs | None:
     keep_on_cpu = [k for k in batch.keep_on_cpu_keys if k in kept]
     # Beyond upstream: vLLM 0.32 loses a grid that is not kept on CPU once its image is
     # prefix-cached, and the worker dies with KeyError('image_grid_thw').
-    keep_on_cpu += sorted(g for g in grids if g not in keep_on_cpu)
+    # Every kept grid, a grid kept as another grid's sizes tensor included.
+    keep_on_cpu += sorted(g for g in kept & MROPE_GRID_KEYS if g not in keep_on_cpu)
     out.keep_on_cpu_keys.extend(keep_on_cpu)
     for name in sorted(kept):
         out.model_specific_tensors[name].CopyFrom(tensors[name])
