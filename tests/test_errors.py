@@ -41,8 +41,10 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
         *CONTRACT,
         "prefill_worker_failed_to_start",
         "decode_worker_failed_to_start",
+        "encode_worker_failed_to_start",
         "prefill_stream_error",
         "decode_stream_error",
+        "encode_stream_error",
         "no_decode_worker_available",
         "pd_invalid_configuration",
     }
@@ -116,7 +118,7 @@ def test_a_stream_error_names_its_leg() -> None:
 def test_a_sidecar_timeout_is_not_retried() -> None:
     assert not WorkerFailedToStart("prefill", "UNAVAILABLE", "sidecar_timeout after 30s").retryable
     with pytest.raises(ValueError, match="leg"):
-        WorkerFailedToStart("encode", "INTERNAL")
+        WorkerFailedToStart("render", "INTERNAL")
 
 
 def test_messages_never_echo_urls_or_salts() -> None:

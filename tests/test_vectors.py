@@ -27,8 +27,8 @@ def test_the_vectors_cover_every_form_and_every_policy_error() -> None:
     assert document["format"] == FORMAT
     outcomes = [c["expected"] for c in document["cases"]]
     assert {o.get("form") for o in outcomes} >= {f.value for f in DecodeForm}
-    transport = {"prefill_worker_failed_to_start", "decode_worker_failed_to_start",
-                 "prefill_stream_error", "decode_stream_error"}  # fmt: skip
+    transport = {f"{leg}_{what}" for leg in ("encode", "prefill", "decode")
+                 for what in ("worker_failed_to_start", "stream_error")}  # fmt: skip
     assert {o.get("error_code") for o in outcomes} >= set(ERROR_CATALOG) - transport
     ids = [c["id"] for c in document["cases"]]
     assert len(ids) == len(set(ids))

@@ -32,12 +32,12 @@ def grpc_status_to_http(grpc_status: str) -> int:
 
 
 class WorkerFailedToStart(PolicyError):
-    """A prefill or decode worker refused or failed a leg before its first output.
+    """An encode, prefill or decode worker refused or failed a leg before its first output.
 
     Unlike the policy's own refusals, its status follows the worker's: its gRPC
     status (``grpc_status`` is the status name, e.g. ``"UNAVAILABLE"``), or, for
     a worker spoken to over HTTP, its HTTP status (``http_status``), and it may
-    be retryable. ``leg`` is ``"prefill"`` or ``"decode"``; ``detail`` is the
+    be retryable. ``leg`` is ``"encode"`` (E/P/D), ``"prefill"`` or ``"decode"``; ``detail`` is the
     worker's own message.
     """
 
@@ -45,7 +45,7 @@ class WorkerFailedToStart(PolicyError):
     status = 500
     meaning = "A worker failed to start a leg; the status is mapped from its gRPC status."
 
-    _LEGS: ClassVar[frozenset[str]] = frozenset({"prefill", "decode"})
+    _LEGS: ClassVar[frozenset[str]] = frozenset({"encode", "prefill", "decode"})
     _SUFFIX: ClassVar[str] = "worker_failed_to_start"
     _WHAT: ClassVar[str] = "worker failed to start"
 
@@ -53,7 +53,7 @@ class WorkerFailedToStart(PolicyError):
         self, leg: str, grpc_status: str = "", detail: str = "", *, http_status: int | None = None
     ) -> None:
         if leg not in self._LEGS:
-            raise ValueError(f"leg must be 'prefill' or 'decode', not {leg!r}")
+            raise ValueError(f"leg must be 'encode', 'prefill' or 'decode', not {leg!r}")
         self.leg = leg
         self.grpc_status = grpc_status
         self.detail = detail
