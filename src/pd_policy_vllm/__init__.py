@@ -25,6 +25,7 @@ import functools
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
+from .encoder_cache import EC_CONNECTOR, ec_transfer_config, encoder_cache_role
 from .engine import DecodeEngine, generate_one
 from .facts import engine_facts
 from .limits import modality_limits, supported_modalities
@@ -65,11 +66,14 @@ for _name in ("decode_inputs", "supported_modalities"):
 del _name
 
 __all__ = [
+    "EC_CONNECTOR",
     "KV_TRANSFER_PARAMS_KEY",
     "DecodeEngine",
     "DecodeInputs",
     "accepts_mm_metadata",
     "decode_inputs",
+    "ec_transfer_config",
+    "encoder_cache_role",
     "engine_facts",
     "generate_one",
     "kv_transfer_params",
