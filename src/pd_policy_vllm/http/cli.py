@@ -1,6 +1,7 @@
 """``pd-policy-proxy``: run the P/D proxy in front of ``vllm serve`` workers.
 
     pd-policy-proxy --prefill URL --decode URL [--decode URL ...] [--no-mrope | --mrope]
+                    [--encode URL]
 
 At start-up it asks each worker for its configuration (``GET /server_info``,
 served when the worker runs with ``VLLM_SERVER_DEV_MODE=1``) and takes the
@@ -8,7 +9,8 @@ prefill's KV connector and each decode worker's capability from it. For a
 worker that does not say, the flags do: ``--kv-mode`` (the prefill's handoff
 contract) and ``--decode-capability`` (a decode worker's). Whether the model's
 positions are M-RoPE no worker says: ``--mrope`` or ``--no-mrope`` is required
-when a decode worker is language-model-only. It binds to 127.0.0.1 by default.
+when a decode worker is language-model-only. ``--encode`` adds an encoder-only
+worker, for E/P/D. It binds to 127.0.0.1 by default.
 """
 
 from __future__ import annotations
@@ -33,13 +35,20 @@ except ModuleNotFoundError as exc:
         name=exc.name,
     ) from exc
 
-from pd_policy import InvalidConfiguration, KvConnectorMode, PrefillKv, Support, WorkerCapability
+from pd_policy import (
+    EncoderCacheRole,
+    InvalidConfiguration,
+    KvConnectorMode,
+    PrefillKv,
+    Support,
+    WorkerCapability,
+)
 
 from .proxy import Proxy
-from .scale_out import DERENDER, RENDER
+from .scale_out import DERENDER, GENERATE, RENDER
 from .workers import HttpWorker, capability_from_config, prefill_kv_from_config
 
-__all__ = ["main", "read_workers"]
+__all__ = ["main", "read_encoder", "read_workers"]
 
 logger = logging.getLogger("pd_policy_vllm.http")
 
@@ -119,7 +128,47 @@ async def read_workers(args: argparse.Namespace) -> tuple[HttpWorker, list[HttpW
             )
             capability = attrs.evolve(capability, accepts_mm_metadata=Support.FALSE)
         decode.append(HttpWorker(url, capability, renders=derender))
-    return HttpWorker(args.prefill, kv=kv, renders=renders), decode
+    own = (
+        capability_from_config(prefill_config) if prefill_config is not None else WorkerCapability()
+    )
+    return HttpWorker(args.prefill, own, kv=kv, renders=renders), decode
+
+
+async def read_encoder(args: argparse.Namespace, prefill: HttpWorker) -> HttpWorker | None:
+    """The encoder-only worker of ``--encode``, for E/P/D; ``None`` without the flag.
+
+    Its role comes from its server (``ec_transfer_config``) or, when it does not say,
+    from the flag. Raises [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration]
+    when the encoder says it is not encoder-only, when it does not serve the render
+    route, when the prefill worker does not serve the generate route, or when the
+    prefill says it does not consume the encoder cache: a prefill that misses its
+    cache kills its engine.
+    """
+    if not args.encode:
+        return None
+    deadline = time.monotonic() + args.startup_timeout
+    async with aiohttp.ClientSession() as session:
+        config = await _server_info(session, args.encode, deadline)
+        renders = await _scale_out(session, args.encode, RENDER)
+        generates = await _scale_out(session, prefill.url, GENERATE)
+    producer = EncoderCacheRole.PRODUCER
+    capability = capability_from_config(config) if config is not None else WorkerCapability()
+    if capability.encoder_cache is EncoderCacheRole.UNKNOWN:
+        capability = attrs.evolve(capability, encoder_cache=producer)  # the flag says
+    problems = {
+        "encode": capability.encoder_cache is not producer or not renders,
+        "prefill": prefill.capability.encoder_cache
+        not in (EncoderCacheRole.CONSUMER, EncoderCacheRole.UNKNOWN)
+        or not generates,
+    }
+    for param, bad in problems.items():
+        if bad:
+            raise InvalidConfiguration(
+                "E/P/D needs an encoder-only worker (ec_producer) serving --enable-scale-out "
+                "and a prefill worker that consumes its cache (ec_consumer) serving it too",
+                param=param,
+            )
+    return HttpWorker(args.encode, capability, renders=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -127,6 +176,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefill", required=True, help="the prefill worker's base URL")
     parser.add_argument(
         "--decode", required=True, action="append", help="a decode worker's base URL (repeat)"
+    )
+    parser.add_argument(
+        "--encode",
+        help="an encoder-only worker's base URL (vLLM's ec_producer): runs E/P/D for media",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (8000)")
@@ -159,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         prefill, decode = asyncio.run(read_workers(args))
+        encoder = asyncio.run(read_encoder(args, prefill))
         lm_only = any(w.capability.language_model_only for w in decode)
         if args.mrope is None and lm_only:
             raise InvalidConfiguration(
@@ -172,7 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for worker in decode:
         logger.info("decode %s: %s", worker.url, worker.capability)
     logger.info("prefill %s: %s", prefill.url, prefill.kv.mode.value)
-    proxy = Proxy(prefill, decode, mrope=bool(args.mrope))
+    if encoder is not None:
+        logger.info("encode %s: E/P/D for requests with media", encoder.url)
+    proxy = Proxy(prefill, decode, mrope=bool(args.mrope), encoder=encoder)
     web.run_app(
         proxy.app(),
         host=args.host,

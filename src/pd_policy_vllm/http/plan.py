@@ -32,6 +32,7 @@ from pd_policy import (
     MalformedRequest,
     PayloadLocation,
     PlaceholderRange,
+    PrefillForm,
     PrefillKv,
     Request,
     WorkerStreamError,
@@ -39,11 +40,13 @@ from pd_policy import (
     build_decode_leg,
     ensure_kv_handoff,
     has_mrope_grids,
+    needs_encode_leg,
     plan_kv_handoff,
     relay_kv,
     select_decode_workers,
 )
 
+from .encode import consumer_prefill_body, encode_generate_body, read_encode
 from .legs import Leg, decode_body, prefill_body, read_prefill
 from .request import Route, policy_request
 from .scale_out import (
@@ -56,7 +59,7 @@ from .scale_out import (
     rendered_request,
 )
 
-__all__ = ["Plan", "decode_leg", "plan_rendered", "plan_request"]
+__all__ = ["Plan", "decode_leg", "plan_encoded", "plan_rendered", "plan_request"]
 
 T = TypeVar("T")
 
@@ -88,6 +91,13 @@ class Plan(Generic[T]):
     render: dict[str, Any] | None = None
     #: What the render answered, once it has.
     rendered: Rendered | None = None
+    #: Whether the request runs E/P/D: rendered on the encoder, then encoded.
+    epd: bool = False
+    #: The encode leg's body (to the encoder's ``GENERATE``), once the render answered and
+    #: until the encoder has.
+    encode: dict[str, Any] | None = None
+    #: What the prefill leg carries of each item, in E/P/D.
+    prefill_form: PrefillForm | None = None
 
 
 def _as_rendered(request: Request) -> Request:
@@ -117,6 +127,7 @@ def plan_request(
     request_id: str,
     transfer_id: str | None = None,
     renders: bool = False,
+    encodes: bool = False,
 ) -> Plan[T]:
     """Decide everything before prefill. Raises every refusal the policy can make then:
     malformed bodies, the carve-outs, no decode worker, and ``echo`` on a request with
@@ -126,10 +137,15 @@ def plan_request(
     ``renders``: the prefill worker serves the render route. Without it, an M-RoPE
     image request has no metadata path, and a language-model-only decode worker is
     refused for it (``pd_decode_language_model_only_mrope``, naming ``input_ids``).
+
+    ``encodes``: an encoder-only worker is configured (and the prefill worker consumes
+    its cache). A chat request with media and one sample then runs E/P/D: the plan
+    holds the render leg, for the encoder (see [`encode`][pd_policy_vllm.http.encode]).
     """
     request = policy_request(body, route, request_id=request_id, mrope=mrope)
+    epd = encodes and route is Route.CHAT and request.n <= 1 and needs_encode_leg(request)
     decided = request
-    if renders and route is Route.CHAT and has_mrope_grids(request):
+    if (renders or epd) and route is Route.CHAT and has_mrope_grids(request):
         decided = _as_rendered(request)
     chosen = select_decode_workers(decided, candidates)[0]
     form, leg = build_decode_leg(decided, chosen.worker)
@@ -142,6 +158,9 @@ def plan_request(
             param="echo",
         )
     handoff = plan_kv_handoff(kv, n=request.n, transfer_id=transfer_id)
+    if epd:  # the legs are built from the encoder's render and answer
+        return Plan(route, body, request, chosen, form, leg, handoff, None, GENERATE, dict(body),
+                    epd=True)  # fmt: skip
     if form is DecodeForm.MROPE_METADATA:
         # The leg is rebuilt from the render's answer (plan_rendered).
         return Plan(route, body, request, chosen, form, leg, handoff, None, GENERATE, dict(body))
@@ -160,16 +179,33 @@ def plan_rendered(plan: Plan[T], render_response: Mapping[str, Any]) -> Plan[T]:
     needs ([`read_render`][pd_policy_vllm.http.scale_out.read_render])."""
     if plan.render is None:
         raise ValueError("this plan has no render leg")
-    rendered = read_render(render_response)
-    request = rendered_request(plan.request, rendered)
+    mrope = has_mrope_grids(plan.request)
+    rendered = read_render(render_response, metadata=mrope)
+    request = rendered_request(plan.request, rendered, mrope=mrope)
     form, leg = build_decode_leg(request, plan.decode.worker)
     if form is not plan.form:
         raise ValueError(f"the rendered request decided {form.name}, not {plan.form.name}")
     leg = apply_kv_handoff(leg, plan.handoff)
+    if plan.epd:
+        encode = encode_generate_body(rendered)
+        return attrs.evolve(
+            plan, request=request, leg=leg, render=None, rendered=rendered, encode=encode
+        )
     prefill = prefill_generate_body(rendered, plan.handoff)
     return attrs.evolve(
         plan, request=request, leg=leg, prefill=prefill, render=None, rendered=rendered
     )
+
+
+def plan_encoded(plan: Plan[T], encode_response: Mapping[str, Any]) -> Plan[T]:
+    """The plan once the encoder answered: the prefill leg for a cache consumer. Raises
+    [`MissingEncoderOutput`][pd_policy.errors.MissingEncoderOutput] (502) when the answer
+    does not cover every item under its rendered hash: no prefill is sent then."""
+    if plan.encode is None or plan.rendered is None:
+        raise ValueError("this plan has no encode leg")
+    outputs = read_encode(encode_response)
+    form, prefill = consumer_prefill_body(plan.rendered, plan.request, outputs, plan.handoff)
+    return attrs.evolve(plan, prefill=prefill, encode=None, prefill_form=form)
 
 
 def decode_leg(plan: Plan[Any], prefill_response: Mapping[str, Any] | None) -> Leg:
@@ -178,8 +214,8 @@ def decode_leg(plan: Plan[Any], prefill_response: Mapping[str, Any] | None) -> L
     stripped image leg
     the prefill handed nothing for, and a ``prefill_stream_error`` (502) for a response
     that does not say what the leg needs, or whose ids are not the rendered ones."""
-    if plan.render is not None:
-        raise ValueError("the plan waits for its render (plan_rendered)")
+    if plan.render is not None or plan.encode is not None:
+        raise ValueError("the plan waits for its render or its encoder")
     reply = None
     leg = plan.leg
     if plan.prefill is not None:
@@ -195,7 +231,7 @@ def decode_leg(plan: Plan[Any], prefill_response: Mapping[str, Any] | None) -> L
         if plan.handoff.relays:
             leg = relay_kv(leg, reply.kv_transfer_params)
     ensure_kv_handoff(plan.request, plan.form, leg)
-    if plan.rendered is not None:
+    if plan.rendered is not None and plan.form is DecodeForm.MROPE_METADATA:
         body = metadata_decode_body(plan.rendered, leg)
         return Leg(GENERATE, body, Derender.for_request(plan.body, plan.rendered))
     return decode_body(plan.body, plan.route, plan.form, leg, reply)

@@ -41,10 +41,10 @@ from pd_policy import (
 
 from .codec import loads
 from .legs import Leg
-from .plan import decode_leg, plan_rendered, plan_request
+from .plan import decode_leg, plan_encoded, plan_rendered, plan_request
 from .relay import REQUEST_ID_HEADER, error_response, post_json, relay_decode
 from .request import Route
-from .scale_out import RENDER
+from .scale_out import GENERATE, RENDER
 from .workers import HttpWorker
 
 __all__ = ["REQUEST_ID_HEADER", "Proxy"]
@@ -57,6 +57,10 @@ class Proxy:
     served model's positions are M-RoPE (its image requests then name their grid, and a
     language-model-only decode worker that cannot take it is refused before prefill).
 
+    ``encoder``: an encoder-only worker (vLLM's ``ec_producer``, with
+    ``--enable-scale-out``), whose cache the prefill worker consumes. Chat requests
+    with media then run E/P/D (see [`encode`][pd_policy_vllm.http.encode]).
+
     ``trace_configs`` are handed to the ``aiohttp`` client session (tests record the
     legs with one).
     """
@@ -67,11 +71,13 @@ class Proxy:
         decode: Sequence[HttpWorker],
         *,
         mrope: bool,
+        encoder: HttpWorker | None = None,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
     ) -> None:
         if not decode:
             raise ValueError("the proxy needs at least one decode worker")
         self.prefill = prefill
+        self.encoder = encoder
         self.candidates = [DecodeCandidate(w.capability, w) for w in decode]
         self.mrope = mrope
         self._trace_configs = list(trace_configs)
@@ -126,16 +132,22 @@ class Proxy:
     async def _legs(
         self, session: aiohttp.ClientSession, body: Any, route: Route, request_id: str
     ) -> tuple[HttpWorker, Leg]:
+        encoder = self.encoder
         plan = plan_request(
             body, route, self.candidates, self.prefill.kv, mrope=self.mrope,
-            request_id=request_id, renders=self.prefill.renders,
+            request_id=request_id, renders=self.prefill.renders, encodes=encoder is not None,
         )  # fmt: skip
         prefill = self.prefill.url
         if plan.render is not None:
-            rendered = await post_json(
-                session, "prefill", prefill + RENDER, plan.render, request_id
-            )
+            # In E/P/D the encoder renders: the hashes it stores under are the rendered ones.
+            leg, url = ("encode", encoder.url) if encoder and plan.epd else ("prefill", prefill)
+            rendered = await post_json(session, leg, url + RENDER, plan.render, request_id)
             plan = plan_rendered(plan, rendered)
+        if plan.encode is not None and encoder is not None:
+            answer = await post_json(
+                session, "encode", encoder.url + GENERATE, plan.encode, request_id
+            )
+            plan = plan_encoded(plan, answer)
         response = None
         if plan.prefill is not None:
             url = prefill + plan.prefill_route

@@ -90,10 +90,11 @@ def _per_modality(features: Mapping[str, Any], key: str) -> dict[str, list[Any]]
     return value
 
 
-def read_render(response: Mapping[str, Any]) -> Rendered:
+def read_render(response: Mapping[str, Any], *, metadata: bool = True) -> Rendered:
     """Read a render response. Raises a ``prefill_stream_error`` (502) unless it has the
-    ids, and per item a hash, a placeholder range and a metadata-only item: without
-    the last the decode worker could not place the image's rotary positions."""
+    ids, and per item a hash, a placeholder range and (with ``metadata``, as the M-RoPE
+    path needs) a metadata-only item: without it the decode worker could not place
+    the image's rotary positions."""
     ids = token_ids(response.get("token_ids"))
     if ids is None:
         raise _bad_render("has no token_ids")
@@ -102,9 +103,10 @@ def read_render(response: Mapping[str, Any]) -> Rendered:
         raise _bad_render("has no multimodal features")
     hashes = _per_modality(features, "mm_hashes")
     placeholders = _per_modality(features, "mm_placeholders")
-    metadata = _per_modality(features, "mm_metadata")
+    metas_of = _per_modality(features, "mm_metadata")
     for modality, items in hashes.items():
-        ranges, metas = placeholders.get(modality, []), metadata.get(modality, [])
+        ranges = placeholders.get(modality, [])
+        metas = metas_of.get(modality, []) if metadata else ["-"] * len(items)
         if not (len(items) == len(ranges) == len(metas)):
             raise _bad_render(f"does not give every {modality} a placeholder and metadata")
         for item, where, meta in zip(items, ranges, metas, strict=True):
@@ -118,30 +120,31 @@ def read_render(response: Mapping[str, Any]) -> Rendered:
         raise _bad_render("has no multimodal items")
     if not set(hashes) <= {m.value for m in Modality}:
         raise _bad_render(f"has a modality this policy does not know: {sorted(hashes)}")
-    return Rendered(dict(response), ids, hashes, placeholders, metadata)
+    return Rendered(dict(response), ids, hashes, placeholders, metas_of)
 
 
-def rendered_request(request: Request, rendered: Rendered) -> Request:
+def rendered_request(request: Request, rendered: Rendered, *, mrope: bool = True) -> Request:
     """``request`` (the body as the policy saw it before rendering) as rendered: the
-    expanded ids, and per modality the rendered hashes, placeholders and an inline
-    grid (its values are inside the metadata items the decode leg carries).
+    expanded ids, and per modality the rendered hashes, placeholders and, for an
+    ``mrope`` model, an inline grid (its values are inside the metadata items the
+    decode leg carries).
 
     Raises a ``prefill_stream_error`` (502) for placeholders that are not ranges of
     the ids: the render's fault, not the client's.
     """
     try:
-        return _rendered_request(request, rendered)
+        return _rendered_request(request, rendered, mrope)
     except MalformedRequest as exc:
         raise _bad_render(f"does not describe its items: {exc.message}") from None
 
 
-def _rendered_request(request: Request, rendered: Rendered) -> Request:
+def _rendered_request(request: Request, rendered: Rendered, mrope: bool) -> Request:
     batches = []
     for name, hashes in rendered.mm_hashes.items():
         modality = Modality(name)
         ranges = [PlaceholderRange(p["offset"], p["length"]) for p in rendered.placeholders[name]]
         tensors: tuple[TensorDescriptor, ...] = ()
-        if modality in _GRIDS:
+        if mrope and modality in _GRIDS:
             rows = (len(hashes), 3)
             tensors = (TensorDescriptor(_GRIDS[modality], rows, "int64", PayloadLocation.INLINE),)
         batch = MultimodalBatch(

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from pd_policy import (
+    EncoderCacheRole,
     EngineFacts,
     KvConnectorMode,
     MmInputProbe,
@@ -90,11 +91,20 @@ def engine_facts_from_config(config: Mapping[str, Any]) -> EngineFacts:
 
 def capability_from_config(config: Mapping[str, Any]) -> WorkerCapability:
     """The capability a worker's configuration gives it (``supports_vision`` and
-    ``accepts_mm_metadata``, by the core's rules)."""
+    ``accepts_mm_metadata``, by the core's rules, and its encoder-cache role, as vLLM
+    reads its ``ec_transfer_config``)."""
     facts = engine_facts_from_config(config)
+    ec = _section(config, "ec_transfer_config")
+    role, connector = (ec.get(k) for k in ("ec_role", "ec_connector"))
+    role = role if isinstance(role, str) else None
+    connector = connector if isinstance(connector, str) else None
     return WorkerCapability(
         Support.from_bool(derive_supports_vision(facts)),
         accepts_mm_metadata=Support.from_bool(derive_accepts_mm_metadata(facts)),
+        encoder_cache=EncoderCacheRole.from_vllm(
+            role if isinstance(role, str) else None,
+            connector if isinstance(connector, str) else None,
+        ),
     )
 
 
