@@ -132,6 +132,7 @@ class InProcessProxy:
             proxy_.prefill,
             [c.handle for c in proxy_.candidates],
             mrope=proxy_.mrope,
+            encoder=proxy_.encoder,
             trace_configs=[trace],
         )
         self.port = free_port()
