@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo demo-live demo-http test lint typecheck pytest docs docs-tables bench vectors clean \
+.PHONY: demo demo-live demo-http demo-epd test lint typecheck pytest docs docs-tables bench vectors clean \
 	fuzz fuzz-policy fuzz-wire mutants
 
 $(VENV)/bin/python:
@@ -43,6 +43,10 @@ demo-live: $(VENV)/.test
 # Optional: the HTTP proxy in front of three real `vllm serve` workers (about two minutes).
 demo-http: $(VENV)/.test
 	$(PY) examples/live_http.py
+
+# Optional: E/P/D (encoder -> prefill -> decode) on real `vllm serve` workers (about 3 min).
+demo-epd: $(VENV)/.test
+	$(PY) examples/live_epd.py
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check src tests bench examples
