@@ -142,6 +142,27 @@ MUTANTS: Final = (
         ("tests/grpc/test_raw_legs.py",),
     ),
     Mutant(
+        "E/P/D builds a prefill for an item the encoder did not answer for",
+        "pd_policy/encoder_cache.py",
+        "            if digest not in outputs:",
+        "            if False:",
+        ("tests/test_epd.py", "tests/http/test_http_epd.py"),
+    ),
+    Mutant(
+        "E/P/D strips the pixels when only some items have metadata",
+        "pd_policy/epd.py",
+        "PrefillForm.METADATA if all(outputs[h].metadata for h in items) else PrefillForm.IMAGE",
+        "PrefillForm.METADATA if any(outputs[h].metadata for h in items) else PrefillForm.IMAGE",
+        ("tests/test_epd.py",),
+    ),
+    Mutant(
+        "E/P/D's metadata prefill leg keeps the pixels",
+        "pd_policy_vllm/http/encode.py",
+        '        features.pop("kwargs_data", None)',
+        "        pass",
+        ("tests/http/test_http_epd.py",),
+    ),
+    Mutant(
         "a failed prefill is not aborted",
         "pd_policy_grpc/calls.py",
         "                call.cancel()\n"
