@@ -184,3 +184,13 @@ def test_every_epd_error_is_catalogued() -> None:
     entry = ERROR_CATALOG[MissingEncoderOutput.code]
     assert (entry.status, entry.retryable, entry.error) == (502, False, MissingEncoderOutput)
     assert issubclass(MissingEncoderOutput, PolicyError)
+
+
+def test_the_pixels_stay_unless_every_item_published_metadata() -> None:
+    request = image_request(images=("a.jpg", "b.jpg"))
+    first, second = request.batches[0].mm_hashes
+    mixed = {first: {"item_indices": [0], "metadata": {"image_grid_thw": [[1, 2, 2]]}},
+             second: {"item_indices": [1], "metadata": {}}}  # fmt: skip
+    built = encoder_consumer_leg(request, encoder_outputs(json.dumps(mixed)))
+    assert built.form is PrefillForm.IMAGE  # one item without metadata needs its pixels
+    assert built.leg == request
