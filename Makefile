@@ -80,8 +80,8 @@ clean:
 bench: $(VENV)/.bench
 	$(PY) bench/run.py
 
-# The properties marked `fuzz` (totality, no mutation, no leak, wire robustness) at 100,000
-# examples each (FUZZ_EXAMPLES=... for another count), on both cores: about 30 minutes.
+# The properties marked `fuzz` (totality, no mutation, no leak, wire and byte-reader robustness)
+# at 100,000 examples each (FUZZ_EXAMPLES=... for another count), on both cores: about 35 minutes.
 # Not part of `make test`, which runs the same properties at the CI profile's count.
 FUZZ := HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -p no:cacheprovider -q -m fuzz
 fuzz: $(VENV)/.test
@@ -91,7 +91,7 @@ fuzz-policy: $(VENV)/.test
 	$(FUZZ) tests/test_properties.py tests/test_no_leak.py tests/grpc/test_grpc_no_mutation.py
 
 fuzz-wire: $(VENV)/.test
-	$(FUZZ) tests/grpc/test_grpc_robustness.py
+	$(FUZZ) tests/grpc/test_grpc_robustness.py tests/grpc/test_raw_legs.py
 
 # Break the code on purpose, one mutation at a time, and check the tests that guard it fail.
 mutants: $(VENV)/.test
