@@ -61,6 +61,7 @@ def epd_fleet(
     model: TinyModel, root: Path, *, mrope: bool, limits: dict[str, int]
 ) -> Iterator[EpdFleet]:
     """Start the four servers of ``model`` (logs under ``root``) and a recording proxy."""
+    root.mkdir(parents=True, exist_ok=True)
     store, transfers = root / "encoder-cache", root / "transfers"
     scale_out = ("--enable-scale-out",)
 
