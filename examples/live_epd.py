@@ -25,10 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "vllm"))  # the model builders and server helpers
 
 
-def _pixels(leg: dict[str, Any] | None) -> int:
-    """Bytes of serialized pixels a generate leg carried (its whole multimodal items)."""
-    data = ((leg or {}).get("features") or {}).get("kwargs_data") or {}
-    return sum(len(item or "") for items in data.values() for item in items)
+def _item_bytes(leg: dict[str, Any] | None) -> int:
+    """Bytes of serialized multimodal items a generate leg carried: whole items (pixels)
+    and metadata-only items (a grid) alike."""
+    features = (leg or {}).get("features") or {}
+    parts = [features.get("kwargs_data") or {}, features.get("mm_metadata") or {}]
+    return sum(len(item or "") for data in parts for items in data.values() for item in items)
 
 
 def main() -> int:
@@ -73,10 +75,10 @@ def main() -> int:
                 legs = {s.url: s.body for s in fleet.proxy.sent[before:]}
                 worst = max(abs(a - b) for a, b in zip(got[1], want[1], strict=True))
                 urls = (fleet.encoder, fleet.prefill, fleet.decode)
-                enc, pre, dec = (_pixels(legs.get(url + GENERATE)) for url in urls)
+                enc, pre, dec = (_item_bytes(legs.get(url + GENERATE)) for url in urls)
                 rows.append((name, label, got[0], got[0] == want[0], worst, enc, pre, dec))
     print(f"{'model':9} {'img':3} {'E/P/D tokens':27} {'same':4} {'max |dlogprob|':>14} "
-          f"{'pixels: encode':>14} {'prefill':>8} {'decode':>7}")  # fmt: skip
+          f"{'items: encode':>14} {'prefill':>8} {'decode':>7}")  # fmt: skip
     for name, label, tokens, same, worst, enc, pre, dec in rows:
         print(f"{name:9} {label:3} {tokens!s:27} {'yes' if same else 'NO':4} {worst:14.1e} "
               f"{enc:14,} {pre:8,} {dec:7,}")  # fmt: skip
