@@ -34,8 +34,7 @@ def _item_bytes(leg: dict[str, Any] | None) -> int:
 
 
 def main() -> int:
-    from epd_peers import epd_fleet
-    from http_peers import data_url, http_json
+    from epd_peers import answer, chat_body, epd_fleet
     from qwen_prompts import _WORDS
     from router_side import image
     from tiny_models import build_llava, build_qwen2vl
@@ -54,24 +53,13 @@ def main() -> int:
         model = build(work / name)
 
         def body(seed: int, side: int | None = side, words: str = words) -> dict[str, Any]:
-            picture = image(seed, side=side) if side else image(seed)
-            content = [{"type": "image_url", "image_url": {"url": data_url(picture)}},
-                       {"type": "text", "text": words}]  # fmt: skip
-            return {"model": "tiny", "messages": [{"role": "user", "content": content}],
-                    "max_tokens": 6, "temperature": 0, "logprobs": True,
-                    "return_token_ids": True}  # fmt: skip
-
-        def answer(url: str, seed: int, body: Any = body) -> tuple[list[int], list[float]]:
-            status, reply = http_json(f"{url}/v1/chat/completions", body(seed))
-            assert status == 200, reply
-            choice = reply["choices"][0]
-            return choice["token_ids"], [t["logprob"] for t in choice["logprobs"]["content"]]
+            return chat_body(image(seed, side=side) if side else image(seed), words)
 
         with epd_fleet(model, work / f"{name}-servers", mrope=mrope, limits=limits) as fleet:
             for label, seed in (("A", 1), ("B", 2), ("A", 1)):
-                want = answer(fleet.baseline, seed)
+                want = answer(fleet.baseline, body(seed))
                 before = len(fleet.proxy.sent)
-                got = answer(fleet.proxy.url, seed)
+                got = answer(fleet.proxy.url, body(seed))
                 legs = {s.url: s.body for s in fleet.proxy.sent[before:]}
                 worst = max(abs(a - b) for a, b in zip(got[1], want[1], strict=True))
                 urls = (fleet.encoder, fleet.prefill, fleet.decode)

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import attrs
 from aiohttp import web
-from http_peers import InProcessProxy, vllm_server
+from http_peers import InProcessProxy, data_url, http_json, vllm_server
 from live_engines import connector
 from servers import free_port, running
 from tiny_models import TinyModel
@@ -32,7 +32,23 @@ from pd_policy_vllm import ec_transfer_config
 from pd_policy_vllm.http import HttpWorker
 from pd_policy_vllm.http.proxy import Proxy
 
-__all__ = ["EncoderStandIn", "EpdFleet", "epd_fleet"]
+__all__ = ["EncoderStandIn", "EpdFleet", "answer", "chat_body", "epd_fleet"]
+
+
+def chat_body(picture: Any, text: str) -> dict[str, Any]:
+    """A greedy chat request for an image and a text, asking for ids and logprobs."""
+    content = [{"type": "image_url", "image_url": {"url": data_url(picture)}},
+               {"type": "text", "text": text}]  # fmt: skip
+    return {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 6,
+            "temperature": 0, "logprobs": True, "return_token_ids": True}  # fmt: skip
+
+
+def answer(url: str, request: dict[str, Any]) -> tuple[list[int], list[float]]:
+    """The tokens and their logprobs ``url`` answers ``request`` with (a 200, or it fails)."""
+    status, reply = http_json(f"{url}/v1/chat/completions", request)
+    assert status == 200, reply
+    choice = reply["choices"][0]
+    return choice["token_ids"], [t["logprob"] for t in choice["logprobs"]["content"]]
 
 
 @attrs.frozen

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from epd_peers import EpdFleet, epd_fleet
-from http_peers import data_url, http_json
+from epd_peers import EpdFleet, answer, chat_body, epd_fleet
+from http_peers import http_json
 from router_side import image
 from tiny_models import TinyModel
 
@@ -35,17 +35,7 @@ def fleet(llava: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 def body(seed: int, variant: str) -> dict[str, Any]:
-    picture = {"type": "image_url", "image_url": {"url": data_url(image(seed))}}
-    content = [picture, {"type": "text", "text": f"{variant} {_FILLER}"}]
-    return {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 6,
-            "temperature": 0, "logprobs": True, "return_token_ids": True}  # fmt: skip
-
-
-def answer(url: str, request: dict[str, Any]) -> tuple[list[int], list[float]]:
-    status, reply = http_json(f"{url}/v1/chat/completions", request)
-    assert status == 200, reply
-    choice = reply["choices"][0]
-    return choice["token_ids"], [t["logprob"] for t in choice["logprobs"]["content"]]
+    return chat_body(image(seed), f"{variant} {_FILLER}")
 
 
 def test_images_a_b_a_through_e_p_d_match_one_full_vision_server(fleet: EpdFleet) -> None:

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from epd_peers import EncoderStandIn, EpdFleet, epd_fleet
-from http_peers import InProcessProxy, data_url, http_json
+from epd_peers import EncoderStandIn, EpdFleet, answer, chat_body, epd_fleet
+from http_peers import InProcessProxy, http_json
 from qwen_prompts import _WORDS, A, B
 from tiny_models import TinyModel
 
@@ -37,17 +37,7 @@ def fleet(qwen2vl: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 def body(name: str, variant: str) -> dict[str, Any]:
     words = " ".join([variant, *(_WORDS[(i * 7) % len(_WORDS)] for i in range(66))])
-    picture = {"type": "image_url", "image_url": {"url": data_url(IMAGES[name])}}
-    content = [picture, {"type": "text", "text": words}]
-    return {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 6,
-            "temperature": 0, "logprobs": True, "return_token_ids": True}  # fmt: skip
-
-
-def answer(url: str, request: dict[str, Any]) -> tuple[list[int], list[float]]:
-    status, reply = http_json(f"{url}/v1/chat/completions", request)
-    assert status == 200, reply
-    choice = reply["choices"][0]
-    return choice["token_ids"], [t["logprob"] for t in choice["logprobs"]["content"]]
+    return chat_body(IMAGES[name], words)
 
 
 def test_the_proxy_reads_every_role_from_the_servers(fleet: EpdFleet) -> None:
