@@ -92,7 +92,7 @@ def scan(request: pb.GenerateRequest, *, check: bool = True) -> Scanned:
     an empty content hash, a zero-length placeholder, a placeholder past the
     end of ``input_ids`` (or any placeholder on text input), or a placeholder
     count that differs from its hash count; ``kv_transfer_params_json`` is not
-    the text of a JSON object.
+    the text of a JSON object; the legacy ``kv_transfer_params`` port is over 65535.
     """
     # The hot path of every request a router routes: one pass, inlined, every field read
     # once; error paths are built only on failure.
@@ -130,6 +130,13 @@ def scan(request: pb.GenerateRequest, *, check: bool = True) -> Scanned:
         and not _is_json_object(request.kv_transfer_params_json)
     ):
         raise _fail("kv_transfer_params_json", "must be the text of a JSON object")
+    # The wire's port is a uint32; the view's legacy pair, a port.
+    if (
+        check
+        and request.HasField("kv_transfer_params")
+        and request.kv_transfer_params.remote_port > 65535
+    ):
+        raise _fail("kv_transfer_params.remote_port", "must be a port in 0..65535")
     n = request.sampling_params.n
     return Scanned(n, bool(batches), refs, grids, primary, extras, hashes)
 
