@@ -92,7 +92,8 @@ def scan(request: pb.GenerateRequest, *, check: bool = True) -> Scanned:
     an empty content hash, a zero-length placeholder, a placeholder past the
     end of ``input_ids`` (or any placeholder on text input), or a placeholder
     count that differs from its hash count; ``kv_transfer_params_json`` is not
-    the text of a JSON object; the legacy ``kv_transfer_params`` port is over 65535.
+    the text of a JSON object; the legacy ``kv_transfer_params`` port is over 65535; a
+    model-specific tensor has an empty name.
     """
     # The hot path of every request a router routes: one pass, inlined, every field read
     # once; error paths are built only on failure.
@@ -120,6 +121,11 @@ def scan(request: pb.GenerateRequest, *, check: bool = True) -> Scanned:
                         _fail_placeholders(placeholders, n_ids, index)
                 if batch_hashes and len(placeholders) != len(batch_hashes):
                     _fail_counts(placeholders, batch_hashes, index)
+            # Membership only: indexing a message map with a missing key would insert it.
+            if "" in batch.model_specific_tensors:
+                raise _fail(
+                    f"{_batch_path(index)}.model_specific_tensors", "a tensor name is empty"
+                )
         if not grids:
             tensors = batch.model_specific_tensors
             grids = bool(tensors) and any(key in MROPE_GRID_KEYS for key in tensors)

@@ -154,3 +154,13 @@ def test_a_legacy_port_beyond_65535_is_refused_by_the_check_as_by_the_view() -> 
     assert caught.value.param == "kv_transfer_params.remote_port"
     msg.kv_transfer_params.remote_port = 65535
     request_view(parse_generate_request(msg.SerializeToString()))
+
+
+def test_a_tensor_without_a_name_is_refused_by_the_check_as_by_the_view() -> None:
+    # Found by make fuzz: a map entry with an empty key passed the check, and the view's
+    # descriptor refused it.
+    msg = image()
+    msg.mm_inputs.model_specific_tensors[""].dtype = "int64"
+    with pytest.raises(MalformedRequest) as caught:
+        parse_generate_request(msg.SerializeToString())
+    assert caught.value.param == "mm_inputs.model_specific_tensors"
