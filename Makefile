@@ -48,9 +48,12 @@ demo-http: $(VENV)/.test
 demo-epd: $(VENV)/.test
 	$(PY) examples/live_epd.py
 
+# --no-cache: ruff's cache keys on a file's content, but import sorting also depends on
+# which modules exist beside it (tests/routers.py made `routers` first-party), so a
+# cached run can pass where a clean clone fails.
 lint: $(VENV)/.test
-	$(VENV)/bin/ruff check src tests bench examples
-	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/ruff check --no-cache src tests bench examples
+	$(VENV)/bin/ruff format --no-cache --check src tests bench examples
 
 typecheck: $(VENV)/.test
 	$(VENV)/bin/mypy

@@ -7,14 +7,14 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 
 import pytest
-import routers
 from engines import LanguageModelOnlyDecodeEngine, PrefillEngine, serve
 from proto_strategies import to_proto
-from routers import sequential_pd
 
+import routers
 from pd_policy import VisionSupport, WorkerCapability
 from pd_policy.tools.scenarios import image_request
 from pd_policy_grpc import SequentialPd
+from routers import sequential_pd
 
 LM_ONLY = WorkerCapability(VisionSupport.FALSE)
 

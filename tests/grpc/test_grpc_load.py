@@ -31,17 +31,17 @@ from typing import Any
 
 import attrs
 import pytest
-import routers
 from engines import answer, serve
 from faulty_engines import Fault, FaultyDecode, FaultyPrefill, kv_json
 from proto_strategies import to_proto
-from routers import sequential_pd
 
 import grpc
+import routers
 from pd_policy import VisionSupport, WorkerCapability, WorkerFailedToStart, WorkerStreamError
 from pd_policy.tools.scenarios import image_request
 from pd_policy_grpc import SequentialPd
 from pd_policy_grpc.wire import pb
+from routers import sequential_pd
 
 LM_ONLY = WorkerCapability(VisionSupport.FALSE)
 #: Concurrent requests in the load test, and in each fault test (healthy and faulty

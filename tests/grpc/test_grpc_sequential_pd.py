@@ -8,7 +8,6 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 
 import pytest
-import routers
 from engines import (
     Engine,
     FullVisionDecodeEngine,
@@ -18,9 +17,9 @@ from engines import (
     serve,
 )
 from proto_strategies import to_proto
-from routers import sequential_pd
 
 import pd_policy
+import routers
 from pd_policy import (
     DecodeCandidate,
     MediaRefsOnLanguageModelOnlyDecode,
@@ -34,6 +33,7 @@ from pd_policy import (
 from pd_policy.tools.scenarios import image_request, media_ref_request, mrope_request, text_request
 from pd_policy_grpc import SequentialPd, capability_from_info
 from pd_policy_grpc.wire import pb, pb_grpc
+from routers import sequential_pd
 
 Scenario = Callable[[SequentialPd, PrefillEngine, Engine], Awaitable[None]]
 
