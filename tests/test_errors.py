@@ -54,6 +54,12 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
     assert ERROR_CATALOG["no_decode_worker_available"].retryable
 
 
+def test_every_leg_a_worker_can_fail_has_its_catalog_rows() -> None:
+    for cls in (WorkerFailedToStart, WorkerStreamError):
+        for leg in cls.LEGS:
+            assert ERROR_CATALOG[cls(leg, "INTERNAL").code].error is cls
+
+
 def test_every_policy_error_class_is_in_the_catalog() -> None:
     def leaves(cls: type[PolicyError]) -> set[type[PolicyError]]:
         subs = set(cls.__subclasses__())

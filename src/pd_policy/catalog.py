@@ -63,11 +63,11 @@ def _build_catalog() -> Mapping[str, CatalogEntry]:
         "HTTP status for a worker spoken to over HTTP; retryable under the default rules "
         "(408, 429, 5xx) except a sidecar time-out."
     )
-    for leg in ("prefill", "decode", "encode"):
+    for leg in WorkerFailedToStart.LEGS:
         code = f"{leg}_worker_failed_to_start"
         what = f"The {leg} worker failed its leg before its first output. "
         rows[code] = CatalogEntry(code, None, True, what + mapping, WorkerFailedToStart)
-    for leg in ("prefill", "decode", "encode"):
+    for leg in WorkerStreamError.LEGS:
         code = f"{leg}_stream_error"
         what = f"The {leg} worker's stream failed after it had started. "
         rows[code] = CatalogEntry(code, None, True, what + mapping, WorkerStreamError)

@@ -45,15 +45,16 @@ class WorkerFailedToStart(PolicyError):
     status = 500
     meaning = "A worker failed to start a leg; the status is mapped from its gRPC status."
 
-    _LEGS: ClassVar[frozenset[str]] = frozenset({"encode", "prefill", "decode"})
+    #: The legs a worker can fail, in the catalog's order.
+    LEGS: ClassVar[tuple[str, ...]] = ("prefill", "decode", "encode")
     _SUFFIX: ClassVar[str] = "worker_failed_to_start"
     _WHAT: ClassVar[str] = "worker failed to start"
 
     def __init__(
         self, leg: str, grpc_status: str = "", detail: str = "", *, http_status: int | None = None
     ) -> None:
-        if leg not in self._LEGS:
-            raise ValueError(f"leg must be 'encode', 'prefill' or 'decode', not {leg!r}")
+        if leg not in self.LEGS:
+            raise ValueError(f"leg must be one of {', '.join(map(repr, self.LEGS))}, not {leg!r}")
         self.leg = leg
         self.grpc_status = grpc_status
         self.detail = detail
