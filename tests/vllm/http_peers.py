@@ -16,7 +16,7 @@ import json
 import threading
 import urllib.request
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Self
 
 import aiohttp
 import attrs
@@ -28,7 +28,8 @@ from tiny_models import TinyModel
 from pd_policy_vllm.http.proxy import Proxy
 
 __all__ = [
-    "InProcessProxy", "Sent", "data_url", "http_json", "proxy", "running_requests", "vllm_server"
+    "InProcessProxy", "Sent", "ThreadedSite", "data_url", "http_json", "proxy",
+    "running_requests", "vllm_server",
 ]  # fmt: skip
 
 #: The environment of a worker: describe itself, a small KV cache.
@@ -118,11 +119,44 @@ class Sent:
     body: Any
 
 
-class InProcessProxy:
+class ThreadedSite:
+    """An ``aiohttp`` application (:meth:`app`) served on a free loopback port from a daemon
+    thread's own event loop, so that synchronous tests can call it while it runs."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        """The application to serve; built on the site's loop (it may open sessions)."""
+        raise NotImplementedError
+
+    async def _start(self) -> None:
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+class InProcessProxy(ThreadedSite):
     """A :class:`pd_policy_vllm.http.proxy.Proxy` served from a thread of this process, that
     records every request it sends to a worker (an ``aiohttp`` trace)."""
 
     def __init__(self, proxy_: Proxy) -> None:
+        super().__init__()
         self.sent: list[Sent] = []
         self._chunks: dict[int, bytearray] = {}
         trace = aiohttp.TraceConfig()
@@ -135,11 +169,9 @@ class InProcessProxy:
             encoder=proxy_.encoder,
             trace_configs=[trace],
         )
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        return self._proxy.app()
 
     async def _on_chunk(self, session: Any, context: Any, params: Any) -> None:
         self._chunks.setdefault(id(context), bytearray()).extend(params.chunk)
@@ -150,19 +182,3 @@ class InProcessProxy:
 
     def sent_to(self, url: str) -> list[Sent]:
         return [s for s in self.sent if s.url.startswith(url)]
-
-    async def _start(self) -> None:
-        self._runner = web.AppRunner(self._proxy.app(), handler_cancellation=True)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    def __enter__(self) -> InProcessProxy:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._runner is not None
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
