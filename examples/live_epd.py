@@ -3,8 +3,8 @@
 ``make demo-epd`` runs it. For the tests' tiny Qwen2-VL and LLaVA in turn (built
 locally, no model hub), it starts on 127.0.0.1 an encoder-only worker
 (``ec_producer``), a prefill worker that consumes its cache (``ec_consumer``, KV
-producer), a ``--language-model-only`` decode worker (KV consumer) and a
-full-vision baseline, with the proxy in front of the first three. It sends
+producer), a ``--language-model-only`` decode worker (KV consumer) and a plain
+full-vision prefill, the baseline, with the proxy in front of the first three. It sends
 images A, B, A through the proxy and to the baseline, and prints one table: the
 tokens, whether they and their log-probabilities match, and the bytes of pixels
 each leg carried. Then it stops every process it started, by process id.
@@ -35,6 +35,7 @@ def _item_bytes(leg: dict[str, Any] | None) -> int:
 
 def main() -> int:
     from epd_peers import answer, chat_body, epd_fleet
+    from http_fleets import http_fleet
     from qwen_prompts import _WORDS
     from router_side import image
     from tiny_models import build_llava, build_qwen2vl
@@ -55,7 +56,8 @@ def main() -> int:
         def body(seed: int, side: int | None = side, words: str = words) -> dict[str, Any]:
             return chat_body(image(seed, side=side) if side else image(seed), words)
 
-        with epd_fleet(model, work / f"{name}-servers", mrope=mrope, limits=limits) as fleet:
+        servers = http_fleet(model, work / f"{name}-servers", scale_out=mrope, limits=limits)
+        with servers as running, epd_fleet(running, mrope=mrope) as fleet:
             for label, seed in (("A", 1), ("B", 2), ("A", 1)):
                 want = answer(fleet.baseline, body(seed))
                 before = len(fleet.proxy.sent)

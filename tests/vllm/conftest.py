@@ -4,6 +4,9 @@ Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: 0.2-3 s to start
 instead of 20-45 s) with a 64 MiB KV cache (unbounded, vLLM sizes it to 90% of
 RAM and touches it all). No test may reach a model hub (``HF_HUB_OFFLINE=1``).
 At most four engines are alive at once: every engine fixture is session-scoped.
+
+The ``vllm serve`` fleets the HTTP modules share (``llava_http``, ``qwen_http``) run one
+at a time, and stop as soon as the run leaves the last module that uses them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
+from fleets import Fleets
+from http_fleets import HttpFleet, http_fleet
 from live_engines import BLOCK_SIZE, connector, start_engine
 from tiny_models import BUILDERS, TinyModel
 
@@ -142,3 +147,65 @@ def llama_engine(llama: TinyModel) -> Iterator[Any]:
 def kv_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Storage for a KV connector's configuration (no test moves KV through it)."""
     return tmp_path_factory.mktemp("kv-store")
+
+
+_FLEETS: Final = pytest.StashKey[Fleets]()
+
+
+@pytest.fixture(scope="session")
+def fleets(request: pytest.FixtureRequest) -> Iterator[Fleets]:
+    """The session's shared server fleets (see ``fleets.py``)."""
+    registry = request.config.stash[_FLEETS] = Fleets()
+    yield registry
+    registry.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Stop the running fleet once the run leaves a module for one that does not use it,
+    after the module's own fixtures (proxies in front of the fleet) are torn down."""
+    yield
+    registry = item.config.stash.get(_FLEETS, None)
+    if registry is None or registry.running is None:
+        return
+    following = getattr(nextitem, "module", None), getattr(nextitem, "fixturenames", ())
+    if following[0] is not getattr(item, "module", None) and registry.running not in following[1]:
+        registry.close()
+
+
+def _shared_fleet(
+    request: pytest.FixtureRequest, fleets: Fleets, model: TinyModel, *, scale_out: bool,
+    limits: dict[str, int],
+) -> HttpFleet:  # fmt: skip
+    # Keyed by the fixture's name: the teardown hook finds a fleet's users by that name.
+    key = request.fixturename
+    assert key is not None
+
+    def start() -> Any:
+        factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+        return http_fleet(model, factory.mktemp(key), scale_out=scale_out, limits=limits)
+
+    fleet: HttpFleet = fleets.get(key, start, user=request.module.__name__)
+    return fleet
+
+
+@pytest.fixture(scope="module")
+def llava_http(request: pytest.FixtureRequest, fleets: Fleets, llava: TinyModel) -> HttpFleet:
+    """The LLaVA ``vllm serve`` fleet (``http_fleets.py``), shared by its HTTP modules."""
+    return _shared_fleet(request, fleets, llava, scale_out=False, limits={"image": 1})
+
+
+@pytest.fixture(scope="module")
+def qwen_http(request: pytest.FixtureRequest, fleets: Fleets, qwen2vl: TinyModel) -> HttpFleet:
+    """The Qwen2-VL ``vllm serve`` fleet, with ``--enable-scale-out`` (the metadata path)."""
+    return _shared_fleet(request, fleets, qwen2vl, scale_out=True, limits=QWEN_LIMITS)
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    """How often each shared fleet started: more than once means its modules were split."""
+    registry = config.stash.get(_FLEETS, None)
+    if registry is not None and registry.starts:
+        starts = ", ".join(f"{key} {count}" for key, count in sorted(registry.starts.items()))
+        terminalreporter.write_line(f"shared fleets started: {starts}")

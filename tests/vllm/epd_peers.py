@@ -1,19 +1,14 @@
-"""E/P/D fleets of real ``vllm serve`` workers, and an encoder stand-in for the faults a
-real encoder cannot be made to show.
+"""E/P/D over a model's shared fleet of real ``vllm serve`` workers (see
+[`http_fleets`][]), and an encoder stand-in for the faults a real encoder cannot be made
+to show.
 
-A fleet is four servers of one tiny model, on 127.0.0.1, stopped by process id:
-an encoder-only worker (``ec_producer``), a prefill worker that consumes its cache
-(``ec_consumer``) and produces KV, a ``--language-model-only`` decode worker that
-consumes KV, and a plain full-vision server, the baseline. The encoder cache lives
-in a fresh directory per fleet: vLLM's example connector looks items up by hash on
-disk and ignores the parameters, so a stale store would answer silently.
+The E/P/D chain is the fleet's encoder (``ec_producer``), its E/P/D prefill, which
+consumes the encoder's cache and produces KV, and its ``--language-model-only``
+decode, which consumes KV; the fleet's plain prefill is the full-vision baseline.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,13 +17,10 @@ from typing import Any
 import aiohttp
 import attrs
 from aiohttp import web
-from http_peers import InProcessProxy, data_url, http_json, vllm_server
-from live_engines import connector
-from servers import free_port, running
-from tiny_models import TinyModel
+from http_fleets import HttpFleet
+from http_peers import InProcessProxy, ThreadedSite, data_url, http_json
 
 from pd_policy import EncoderCacheRole, Support, WorkerCapability
-from pd_policy_vllm import ec_transfer_config
 from pd_policy_vllm.http import HttpWorker
 from pd_policy_vllm.http.proxy import Proxy
 
@@ -73,50 +65,38 @@ class EpdFleet:
 
 
 @contextmanager
-def epd_fleet(
-    model: TinyModel, root: Path, *, mrope: bool, limits: dict[str, int]
-) -> Iterator[EpdFleet]:
-    """Start the four servers of ``model`` (logs under ``root``) and a recording proxy."""
-    root.mkdir(parents=True, exist_ok=True)
-    store, transfers = root / "encoder-cache", root / "transfers"
-    scale_out = ("--enable-scale-out",)
-
-    def ec(role: EncoderCacheRole) -> tuple[str, ...]:
-        return ("--ec-transfer-config", json.dumps(ec_transfer_config(role, store)))
-
-    e, e_url = vllm_server("encoder", model, root, limits=limits,
-                           extra=(*scale_out, *ec(EncoderCacheRole.PRODUCER)))  # fmt: skip
-    p, p_url = vllm_server(
-        "prefill", model, root, kv_config=connector("kv_producer", transfers), limits=limits,
-        extra=(*scale_out, *ec(EncoderCacheRole.CONSUMER)),
-    )  # fmt: skip
-    d, d_url = vllm_server(
-        "decode", model, root, language_model_only=True,
-        kv_config=connector("kv_consumer", transfers), extra=scale_out,
-    )  # fmt: skip
-    b, b_url = vllm_server("baseline", model, root, limits=limits)
+def epd_fleet(servers: HttpFleet, *, mrope: bool) -> Iterator[EpdFleet]:
+    """The E/P/D chain of ``servers`` behind a recording proxy; ``mrope``: the decode takes
+    the items' metadata (it needs the fleet's scale-out routes)."""
+    if mrope and not servers.scale_out:
+        raise ValueError("the metadata path needs a fleet with --enable-scale-out")
+    consumer, producer = EncoderCacheRole.CONSUMER, EncoderCacheRole.PRODUCER
     capability = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.from_bool(mrope))
     workers = (
-        HttpWorker(p_url, WorkerCapability(encoder_cache=EncoderCacheRole.CONSUMER), renders=True),
-        HttpWorker(d_url, capability, renders=True),
-        HttpWorker(e_url, WorkerCapability(encoder_cache=EncoderCacheRole.PRODUCER), renders=True),
+        HttpWorker(servers.epd_prefill, WorkerCapability(encoder_cache=consumer), renders=True),
+        HttpWorker(servers.decode, capability, renders=servers.scale_out),
+        HttpWorker(servers.encoder, WorkerCapability(encoder_cache=producer), renders=True),
     )
     proxy = Proxy(workers[0], [workers[1]], mrope=mrope, encoder=workers[2])
-    with running([e, p, d, b]), InProcessProxy(proxy) as recording:
-        yield EpdFleet(e_url, p_url, d_url, b_url, recording, workers, mrope, store)
+    with InProcessProxy(proxy) as recording:
+        yield EpdFleet(
+            servers.encoder, servers.epd_prefill, servers.decode, servers.baseline, recording,
+            workers, mrope, servers.store,
+        )  # fmt: skip
 
 
-class EncoderStandIn:
+class EncoderStandIn(ThreadedSite):
     """An encoder that forwards to a real one and then edits its answer (``edit``): for the
     answers a real encoder does not give (an item missing, another hash)."""
 
     def __init__(self, encoder: str, edit: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        super().__init__()
         self.encoder, self.edit = encoder, edit
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 2**20)
+        app.router.add_post("/{tail:.*}", self._forward)
+        return app
 
     async def _forward(self, request: web.Request) -> web.Response:
         async with aiohttp.ClientSession() as session, session.post(
@@ -127,21 +107,3 @@ class EncoderStandIn:
         if request.path.endswith("/generate"):
             body = self.edit(body)
         return web.json_response(body, status=answer.status)
-
-    async def _start(self) -> None:
-        app = web.Application(client_max_size=256 * 2**20)
-        app.router.add_post("/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    def __enter__(self) -> EncoderStandIn:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._runner is not None
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)

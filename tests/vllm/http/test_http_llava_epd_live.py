@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 from epd_peers import EpdFleet, answer, chat_body, epd_fleet
+from http_fleets import HttpFleet
 from http_peers import http_json
 from router_side import image
-from tiny_models import TinyModel
 
 from pd_policy_vllm.http import Route
 from pd_policy_vllm.http.scale_out import GENERATE, RENDER
@@ -28,9 +28,8 @@ _FILLER = " ".join(["describe the red dog on the mat and the blue cat"] * 6)
 
 
 @pytest.fixture(scope="module")
-def fleet(llava: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EpdFleet]:
-    root = tmp_path_factory.mktemp("epd-llava")
-    with epd_fleet(llava, root, mrope=False, limits={"image": 1}) as running:
+def fleet(llava_http: HttpFleet) -> Iterator[EpdFleet]:
+    with epd_fleet(llava_http, mrope=False) as running:
         yield running
 
 

@@ -1,9 +1,10 @@
 """The proxy against real ``vllm serve`` workers, driven by the official ``openai`` client.
 
-Three vLLM servers (started once for this module on 127.0.0.1, stopped by
-process id): a full-vision prefill (KV producer) and a ``--language-model-only``
-decode (KV consumer) of the tiny LLaVA on the ``TransferConnector``, and a
-full-vision baseline. The proxy runs as ``pd-policy-proxy`` (a process), and,
+The LLaVA fleet's vLLM servers (``llava_http``: started once on 127.0.0.1 for the
+LLaVA modules, stopped by process id): a full-vision prefill (KV producer), which
+also answers the baseline as a plain chat request, and a ``--language-model-only``
+decode (KV consumer) of the tiny LLaVA on the ``TransferConnector``, neither with
+``--enable-scale-out``. The proxy runs as ``pd-policy-proxy`` (a process), and,
 where a test reads the legs it sends, in this process with a recording trace.
 """
 
@@ -20,11 +21,10 @@ from typing import Any
 import attrs
 import openai
 import pytest
-from http_peers import InProcessProxy, data_url, http_json, proxy, running_requests, vllm_server
-from live_engines import connector
+from http_fleets import HttpFleet
+from http_peers import InProcessProxy, data_url, http_json, proxy, running_requests
 from router_side import image
 from servers import running
-from tiny_models import TinyModel
 
 from pd_policy import KvConnectorMode, PrefillKv
 from pd_policy_vllm.http import HttpWorker, capability_from_config, prefill_kv_from_config
@@ -52,21 +52,13 @@ def server_info(url: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def fleet(llava: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    root = tmp_path_factory.mktemp("http")
-    transfers = root / "transfers"
-    p, p_url = vllm_server("prefill", llava, root, kv_config=connector("kv_producer", transfers))
-    d, d_url = vllm_server(
-        "decode", llava, root, language_model_only=True,
-        kv_config=connector("kv_consumer", transfers),
-    )  # fmt: skip
-    b, b_url = vllm_server("baseline", llava, root)
-    with running([p, d, b]):
-        x, x_url = proxy(root, p_url, [d_url], "--no-mrope")
-        with running([x]):
-            decode_worker = HttpWorker(d_url, capability_from_config(server_info(d_url)))
-            prefill_worker = HttpWorker(p_url, kv=prefill_kv_from_config(server_info(p_url), p_url))
-            yield Fleet(p_url, d_url, b_url, x_url, decode_worker, prefill_worker)
+def fleet(llava_http: HttpFleet) -> Iterator[Fleet]:
+    p_url, d_url = llava_http.prefill, llava_http.decode
+    x, x_url = proxy(llava_http.logs, p_url, [d_url], "--no-mrope")
+    with running([x]):
+        decode_worker = HttpWorker(d_url, capability_from_config(server_info(d_url)))
+        prefill_worker = HttpWorker(p_url, kv=prefill_kv_from_config(server_info(p_url), p_url))
+        yield Fleet(p_url, d_url, llava_http.baseline, x_url, decode_worker, prefill_worker)
 
 
 def messages(seed: int | None, variant: str) -> list[dict[str, Any]]:

@@ -1,10 +1,10 @@
 """E/P/D with the tiny Qwen2-VL over HTTP: the pixels stop at the encoder.
 
-Four real ``vllm serve`` workers (see [`epd_peers`][]): the encoder renders and
-encodes; the prefill, a cache consumer, gets each image's grid metadata, the
-encoder's hashes and parameters, and no pixel; the ``--language-model-only``
-decode gets the grid and the KV. Tokens and log-probabilities must equal one
-full-vision server's, for images A, B, A.
+The Qwen2-VL fleet's real ``vllm serve`` workers (``qwen_http``, see [`epd_peers`][]):
+the encoder renders and encodes; the prefill, a cache consumer, gets each image's
+grid metadata, the encoder's hashes and parameters, and no pixel; the
+``--language-model-only`` decode gets the grid and the KV. Tokens and
+log-probabilities must equal one full-vision server's, for images A, B, A.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 from epd_peers import EncoderStandIn, EpdFleet, answer, chat_body, epd_fleet
+from http_fleets import HttpFleet
 from http_peers import InProcessProxy, http_json
 from qwen_prompts import _WORDS, A, B
-from tiny_models import TinyModel
 
 from pd_policy import EncoderCacheRole
 from pd_policy_vllm.http.cli import read_encoder, read_workers
@@ -29,9 +29,8 @@ IMAGES = {"A": A, "B": B}
 
 
 @pytest.fixture(scope="module")
-def fleet(qwen2vl: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EpdFleet]:
-    root = tmp_path_factory.mktemp("epd-qwen")
-    with epd_fleet(qwen2vl, root, mrope=True, limits={"image": 1, "video": 0}) as running:
+def fleet(qwen_http: HttpFleet) -> Iterator[EpdFleet]:
+    with epd_fleet(qwen_http, mrope=True) as running:
         yield running
 
 

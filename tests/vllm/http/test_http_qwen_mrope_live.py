@@ -1,11 +1,12 @@
 """The M-RoPE metadata path over HTTP, against real ``vllm serve`` workers.
 
-Two servers of the tiny Qwen2-VL (M-RoPE), started once for this module on
-127.0.0.1 and stopped by process id, both with ``--enable-scale-out`` and the
-``TransferConnector``: a full-vision prefill (KV producer), which also answers
-the baseline as a plain chat request, and a ``--language-model-only`` decode (KV
-consumer). The proxy renders on the prefill, prefills through generate, decodes
-with the images' grids and no pixels, and derenders for the client.
+Two servers of the Qwen2-VL fleet (``qwen_http``: the tiny Qwen2-VL, an M-RoPE
+model, started once on 127.0.0.1 for the Qwen2-VL modules and stopped by process
+id), both with ``--enable-scale-out`` and the ``TransferConnector``: a full-vision
+prefill (KV producer), which also answers the baseline as a plain chat request,
+and a ``--language-model-only`` decode (KV consumer). The proxy renders on the
+prefill, prefills through generate, decodes with the images' grids and no pixels,
+and derenders for the client.
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ from typing import Any
 import attrs
 import openai
 import pytest
-from http_peers import InProcessProxy, data_url, http_json, proxy, running_requests, vllm_server
-from live_engines import connector
+from http_fleets import HttpFleet
+from http_peers import InProcessProxy, data_url, http_json, proxy, running_requests
 from qwen_prompts import _WORDS, A, B
 from servers import running
-from tiny_models import TinyModel
 
 from pd_policy import Support, WorkerCapability
 from pd_policy_vllm.http import HttpWorker
@@ -45,21 +45,11 @@ class QwenFleet:
 
 
 @pytest.fixture(scope="module")
-def qwen_fleet(qwen2vl: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[QwenFleet]:
-    root = tmp_path_factory.mktemp("http-qwen")
-    transfers = root / "transfers"
-    p, p_url = vllm_server(
-        "qwen-prefill", qwen2vl, root, kv_config=connector("kv_producer", transfers),
-        limits=QWEN_LIMITS, extra=("--enable-scale-out",),
-    )  # fmt: skip
-    d, d_url = vllm_server(
-        "qwen-decode", qwen2vl, root, language_model_only=True,
-        kv_config=connector("kv_consumer", transfers), extra=("--enable-scale-out",),
-    )  # fmt: skip
-    with running([p, d]):
-        x, x_url = proxy(root, p_url, [d_url], "--mrope")
-        with running([x]):
-            yield QwenFleet(p_url, d_url, x_url)
+def qwen_fleet(qwen_http: HttpFleet) -> Iterator[QwenFleet]:
+    p_url, d_url = qwen_http.prefill, qwen_http.decode
+    x, x_url = proxy(qwen_http.logs, p_url, [d_url], "--mrope")
+    with running([x]):
+        yield QwenFleet(p_url, d_url, x_url)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,83 @@
+"""The ``vllm serve`` fleet of one tiny model that its P/D and E/P/D modules share.
+
+Four workers on 127.0.0.1, stopped by process id:
+
+- a full-vision prefill (KV producer). Sent a plain chat request, it answers as one
+  full-vision server does: it is also the baseline the answers must match (it stores
+  KV only for a request that asks);
+- a ``--language-model-only`` decode (KV consumer) that takes both prefills' KV: the
+  ``TransferConnector`` loads a transfer by its id, so the two prefills share one
+  transfer directory without ever meeting;
+- an encoder (encoder-cache producer) and an E/P/D prefill (encoder-cache consumer and
+  KV producer), over a fresh encoder store: vLLM's example connector looks items up
+  on disk by hash alone, so a stale store would answer silently.
+
+``scale_out`` puts ``--enable-scale-out`` on the prefill and the decode too (the
+M-RoPE metadata path); the encoder and the E/P/D prefill always have it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import attrs
+from http_peers import vllm_server
+from live_engines import connector
+from servers import running
+from tiny_models import TinyModel
+
+from pd_policy import EncoderCacheRole
+from pd_policy_vllm import ec_transfer_config
+
+__all__ = ["HttpFleet", "http_fleet"]
+
+_SCALE_OUT = ("--enable-scale-out",)
+
+
+@attrs.frozen
+class HttpFleet:
+    """The URLs of one model's four workers, and the encoder store's directory."""
+
+    prefill: str
+    decode: str
+    encoder: str
+    epd_prefill: str
+    #: The encoder cache: one directory per item hash.
+    store: Path
+    #: Where the servers log.
+    logs: Path
+    scale_out: bool
+
+    @property
+    def baseline(self) -> str:
+        """A full-vision server to match: the prefill, sent plain requests."""
+        return self.prefill
+
+
+@contextmanager
+def http_fleet(
+    model: TinyModel, root: Path, *, scale_out: bool, limits: dict[str, int]
+) -> Iterator[HttpFleet]:
+    """Start the four workers of ``model`` (logs, stores and transfers under ``root``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    store, transfers = root / "encoder-cache", root / "transfers"
+    plain = _SCALE_OUT if scale_out else ()
+
+    def ec(role: EncoderCacheRole) -> tuple[str, ...]:
+        return ("--ec-transfer-config", json.dumps(ec_transfer_config(role, store)))
+
+    p, p_url = vllm_server("prefill", model, root, kv_config=connector("kv_producer", transfers),
+                           limits=limits, extra=plain)  # fmt: skip
+    d, d_url = vllm_server("decode", model, root, language_model_only=True,
+                           kv_config=connector("kv_consumer", transfers), extra=plain)  # fmt: skip
+    e, e_url = vllm_server("encoder", model, root, limits=limits,
+                           extra=(*_SCALE_OUT, *ec(EncoderCacheRole.PRODUCER)))  # fmt: skip
+    q, q_url = vllm_server(
+        "epd-prefill", model, root, kv_config=connector("kv_producer", transfers), limits=limits,
+        extra=(*_SCALE_OUT, *ec(EncoderCacheRole.CONSUMER)),
+    )  # fmt: skip
+    with running([p, d, e, q]):
+        yield HttpFleet(p_url, d_url, e_url, q_url, store, root, scale_out)
