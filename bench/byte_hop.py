@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import timeit
-from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
+
+from measuring import median_seconds, paired_ratio, verdicts
+from wire_requests import MIB, wire_request
 
 import pd_policy_grpc
 from pd_policy import (
@@ -39,11 +39,9 @@ from pd_policy import (
     plan_kv_handoff,
 )
 from pd_policy_grpc import raw
-from pd_policy_grpc.wire import common, pb
+from pd_policy_grpc.wire import pb
 
-MIB: Final = 1 << 20
 SIZES: Final = (0, 16, 64)
-IMAGES, IDS = 8, 4096
 LM_ONLY: Final = WorkerCapability(VisionSupport.FALSE)
 HANDOFF: Final = plan_kv_handoff(PrefillKv(KvConnectorMode.NIXL), n=1)
 
@@ -55,24 +53,8 @@ TARGETS: Final = {
 
 
 def request_bytes(pixel_bytes: int) -> bytes:
-    """The bench's request, serialized as a router receives it."""
-    per = IDS // (IMAGES + 1)
-    state, ids = 12345, []
-    for _ in range(IDS):  # ids spread over a 151k vocabulary: 3-byte varints, as real ones
-        state = (1103515245 * state + 12345) % 2**31
-        ids.append(state % 151000)
-    msg = pb.GenerateRequest(request_id="bench", tokenized=pb.TokenizedInput(input_ids=ids))
-    msg.sampling_params.max_tokens = 64
-    msg.sampling_params.stop_token_ids.extend([2, 3])
-    batch = msg.mm_inputs
-    batch.modality = common.IMAGE
-    batch.pixel_values.shape.extend([IMAGES, max(pixel_bytes // IMAGES // 4, 0)])
-    batch.pixel_values.dtype = "float32"
-    batch.pixel_values.inline = bytes(pixel_bytes)
-    for i in range(IMAGES):
-        batch.mm_placeholders.add(offset=i * per, length=per)
-        batch.mm_hashes.append(f"{i:064x}")
-    return msg.SerializeToString()
+    """The bench's request, serialized as a router receives it from a client (no KV yet)."""
+    return wire_request(pixel_bytes, kv=False).SerializeToString()
 
 
 def message_hop(data: bytes) -> tuple[bytes, bytes]:
@@ -99,21 +81,6 @@ def memcpy(data: bytes) -> bytes:
     return memoryview(data).tobytes()
 
 
-def seconds(fn: Callable[[], object], *, repeat: int) -> float:
-    timer = timeit.Timer(fn)
-    number, _ = timer.autorange()
-    timer.timeit(number)  # warm-up
-    return statistics.median(t / number for t in timer.repeat(repeat=repeat, number=number))
-
-
-def paired(a: Callable[[], object], b: Callable[[], object], *, rounds: int) -> float:
-    """Median over ``rounds`` of time(a) ÷ time(b), timed back to back in each round."""
-    ta, tb = timeit.Timer(a), timeit.Timer(b)
-    number, _ = ta.autorange()
-    ta.timeit(number), tb.timeit(number)  # warm-up
-    return statistics.median(ta.timeit(number) / tb.timeit(number) for _ in range(rounds))
-
-
 def measure(quick: bool) -> dict[str, Any]:
     """Run the cases; the medians in seconds, the ratios and whether each target is met."""
     repeat = 3 if quick else 7
@@ -128,28 +95,27 @@ def measure(quick: bool) -> dict[str, Any]:
     for mib in SIZES:
         for name, fn in (("message", message_hop), ("bytes", byte_hop), ("reads", byte_reads),
                          ("memcpy", memcpy)):  # fmt: skip
-            cases[f"{name}/{mib}MiB"] = seconds(partial(fn, data[mib]), repeat=repeat)
+            cases[f"{name}/{mib}MiB"] = median_seconds(partial(fn, data[mib]), repeat=repeat)
             print(f"  byte-hop {name}/{mib}MiB {cases[f'{name}/{mib}MiB'] * 1e3:10.3f} ms",
                   file=sys.stderr)  # fmt: skip
     big, empty = data[64], data[0]
     rounds = repeat * 3
     ratios = {
-        "bytes_over_memcpy": paired(partial(byte_hop, big), partial(memcpy, big), rounds=rounds),
-        "reads_flat_in_pixels": paired(
+        "bytes_over_memcpy": paired_ratio(
+            partial(byte_hop, big), partial(memcpy, big), rounds=rounds
+        ),
+        "reads_flat_in_pixels": paired_ratio(
             partial(byte_reads, big), partial(byte_reads, empty), rounds=rounds
         ),
-        "message_over_bytes": paired(
+        "message_over_bytes": paired_ratio(
             partial(message_hop, big), partial(byte_hop, big), rounds=rounds
         ),
     }
-    met = {}
-    for key, (_, op, target) in TARGETS.items():
-        met[key] = ratios[key] <= target if op == "<=" else ratios[key] >= target
     return {
         "request_bytes": {f"{mib}MiB": len(data[mib]) for mib in SIZES},
         "cases_median_seconds": cases,
         "ratios": ratios,
-        "targets_met": met,
+        "targets_met": verdicts(ratios, TARGETS),
     }
 
 

@@ -35,6 +35,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
+from measuring import percentile
+
 import grpc
 from pd_policy import Request, VisionSupport, WorkerCapability
 from pd_policy.tools.scenarios import image_request
@@ -165,11 +167,6 @@ async def _one(router: Router, request: pb.GenerateRequest) -> float:
     return elapsed
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
-
-
 async def _round(router: Router, requests: list[pb.GenerateRequest]) -> dict[str, float]:
     """Start every request at once; the round's throughput and latency percentiles."""
     gc.collect()
@@ -179,7 +176,7 @@ async def _round(router: Router, requests: list[pb.GenerateRequest]) -> dict[str
     return {
         "requests_per_second": len(requests) / wall,
         "p50_ms": statistics.median(latencies) * 1e3,
-        "p99_ms": _percentile(latencies, 0.99) * 1e3,
+        "p99_ms": percentile(latencies, 0.99) * 1e3,
     }
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from measuring import percentile
 
 HERE = Path(__file__).resolve().parent
 _JSON = {"Content-Type": "application/json"}
@@ -147,11 +148,6 @@ async def _stats(session: aiohttp.ClientSession, decode: str) -> list[int]:
         return received
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
-
-
 async def _measure(quick: bool) -> dict[str, Any]:
     prefill_port, decode_port, ours_port, minimal_port = (_port() for _ in range(4))
     prefill, decode = f"http://127.0.0.1:{prefill_port}", f"http://127.0.0.1:{decode_port}"
@@ -194,7 +190,7 @@ async def _measure(quick: bool) -> dict[str, Any]:
                 ms = latencies[name]
                 results[name] = {
                     "added_p50_ms": (statistics.median(ms) - statistics.median(direct)) * 1e3,
-                    "added_p99_ms": (_percentile(ms, 0.99) - _percentile(direct, 0.99)) * 1e3,
+                    "added_p99_ms": (percentile(ms, 0.99) - percentile(direct, 0.99)) * 1e3,
                     "requests_per_second": await _throughput(session, urls[name], body, seconds),
                     "bytes_per_in_flight_request": await _in_flight_bytes(
                         session, urls[name], processes[name].pid, 200

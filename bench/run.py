@@ -17,9 +17,7 @@ import gc
 import json
 import os
 import platform
-import statistics
 import sys
-import timeit
 import tracemalloc
 from collections.abc import Callable
 from functools import partial
@@ -30,6 +28,8 @@ import byte_hop  # bench/, beside this script
 import google.protobuf
 import grpc_load  # bench/, beside this script
 import http_proxy  # bench/, beside this script
+from measuring import median_seconds, paired_ratio, verdicts
+from wire_requests import KV, MIB, wire_mrope_request, wire_request
 
 import grpc
 import pd_policy
@@ -48,14 +48,11 @@ from pd_policy import (
     sequential_pd_decode_form,
 )
 from pd_policy.tools.tables import splice
-from pd_policy_grpc.wire import common, pb
+from pd_policy_grpc.wire import pb
 
 ROOT = Path(__file__).resolve().parent.parent
-MIB = 1 << 20
-IMAGES, IDS = 8, 4096
 LM_ONLY = WorkerCapability(VisionSupport.FALSE)
 TAKES_METADATA = WorkerCapability(VisionSupport.FALSE, accepts_mm_metadata=VisionSupport.TRUE)
-KV = '{"do_remote_prefill":true,"do_remote_decode":false,"transfer_id":"xfer-0123456789abcdef"}'
 
 TARGETS = {
     "flat_in_pixels": ("build_decode_leg at 64 MiB ÷ at 0 MiB", "<=", 1.2),
@@ -69,28 +66,6 @@ TARGETS = {
         1.2,
     ),
 }
-
-
-def paired_ratio(
-    numerator: Callable[[], object], denominator: Callable[[], object], *, rounds: int
-) -> float:
-    """Median over ``rounds`` of (time of ``numerator`` ÷ time of ``denominator``), the two
-    timed back to back in each round: on a shared machine whose speed drifts, a ratio of
-    two medians taken minutes apart drifts with it, a ratio per round does not."""
-    a, b = timeit.Timer(numerator), timeit.Timer(denominator)
-    number, _ = a.autorange()
-    a.timeit(number), b.timeit(number)  # warm-up
-    return statistics.median(a.timeit(number) / b.timeit(number) for _ in range(rounds))
-
-
-def median_seconds(fn: Callable[[], object], *, repeat: int, min_time: float) -> float:
-    """Median seconds per call: calibrate a loop count, warm up, then ``repeat`` timed loops."""
-    timer = timeit.Timer(fn)
-    number, _ = timer.autorange()
-    while number * timer.timeit(1) < min_time and number < 1 << 22:
-        number *= 2
-    timer.timeit(number)  # warm-up
-    return statistics.median(t / number for t in timer.repeat(repeat=repeat, number=number))
 
 
 # --- inputs ------------------------------------------------------------------------
@@ -116,53 +91,6 @@ def core_request(images: int, *, batches: int = 1) -> Request:
             )
         )
     return Request("bench", input_ids=ids, batches=out, kv_transfer_params=KV, cache_salt="tenant")
-
-
-#: The image placeholder id of the wire requests (Qwen2-VL's <|image_pad|>).
-PLACEHOLDER_ID = 151655
-
-
-def token_ids(count: int, *, images: int, per: int) -> list[int]:
-    """Deterministic token ids spread over a 151k vocabulary, with one placeholder run per
-    image: what a router forwards. Their varints take 3 bytes on the wire, as real ids do."""
-    state, ids = 12345, []
-    for _ in range(count):
-        state = (1103515245 * state + 12345) % 2**31
-        ids.append(state % 151000)
-    for i in range(images):
-        ids[i * per : (i + 1) * per] = [PLACEHOLDER_ID] * per
-    return ids
-
-
-def wire_request(pixel_bytes: int, *, one_byte_ids: bool = False) -> pb.GenerateRequest:
-    """The bench's request: 8 images, 4096 ids. ``one_byte_ids``: every id is 7, as the
-    first bench had it (1-byte varints make serializing the ids about 10 times cheaper)."""
-    per = IDS // (IMAGES + 1)
-    ids = [7] * IDS if one_byte_ids else token_ids(IDS, images=IMAGES, per=per)
-    msg = pb.GenerateRequest(request_id="bench", tokenized=pb.TokenizedInput(input_ids=ids))
-    msg.sampling_params.max_tokens = 64
-    msg.sampling_params.temperature = 0.0
-    batch = msg.mm_inputs
-    batch.modality = common.IMAGE
-    batch.pixel_values.shape.extend([IMAGES, max(pixel_bytes // IMAGES // 4, 0)])
-    batch.pixel_values.dtype = "float32"
-    batch.pixel_values.inline = bytes(pixel_bytes)
-    for i in range(IMAGES):
-        batch.mm_placeholders.add(offset=i * per, length=per)
-        batch.mm_hashes.append(f"{i:064x}")
-    msg.kv_transfer_params_json = KV
-    return msg
-
-
-def wire_mrope_request(pixel_bytes: int) -> pb.GenerateRequest:
-    """The bench's request as a Qwen2-VL router sends it: an inline ``image_grid_thw`` too."""
-    msg = wire_request(pixel_bytes)
-    grid = msg.mm_inputs.model_specific_tensors["image_grid_thw"]
-    grid.shape.extend([IMAGES, 3])
-    grid.dtype = "int64"
-    grid.inline = bytes(IMAGES * 3 * 8)
-    msg.mm_inputs.keep_on_cpu_keys.append("image_grid_thw")
-    return msg
 
 
 def naive_leg(msg: pb.GenerateRequest) -> bytes:
@@ -304,10 +232,6 @@ def run(quick: bool) -> dict[str, Any]:
         "one_byte_ids_leg_over_floor": paired["one_byte_ids_leg_over_floor"],
         "check_share": 1 - paired["prechecked_leg_over_floor"] / paired["leg_over_floor"],
     }
-    verdicts = {}
-    for key, (_, op, target) in TARGETS.items():
-        value = ratios[key]
-        verdicts[key] = value <= target if op == "<=" else value >= target
     return {
         "machine": {
             "platform": platform.platform(),
@@ -325,7 +249,7 @@ def run(quick: bool) -> dict[str, Any]:
         "memory": memory,
         "ratios": ratios,
         "informative_ratios": informative,
-        "targets_met": verdicts,
+        "targets_met": verdicts(ratios, TARGETS),
     }
 
 
