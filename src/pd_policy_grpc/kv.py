@@ -93,6 +93,18 @@ def _keep_grids_on_cpu(batch: pb.MultimodalInputs) -> None:
     batch.keep_on_cpu_keys.extend(k for k in missing if k not in listed)
 
 
+def sanitise_prefill_sampling(params: pb.SamplingParams) -> None:
+    """Make ``params`` a prefill leg's, in place: one token (``max_tokens=1``,
+    ``min_tokens=0``), one sample, no stop strings or ids, ``ignore_eos``. The message leg
+    and the byte leg both build theirs with it."""
+    params.max_tokens = 1
+    params.min_tokens = 0
+    params.n = 1
+    params.ClearField("stop")
+    params.ClearField("stop_token_ids")
+    params.ignore_eos = True
+
+
 def prefill_leg(
     request: pb.GenerateRequest, handoff: KvHandoff, *, in_place: bool = False
 ) -> pb.GenerateRequest:
@@ -116,13 +128,7 @@ def prefill_leg(
     else:
         leg = pb.GenerateRequest()
         leg.CopyFrom(request)
-    params = leg.sampling_params
-    params.max_tokens = 1
-    params.min_tokens = 0
-    params.n = 1
-    params.ClearField("stop")
-    params.ClearField("stop_token_ids")
-    params.ignore_eos = True
+    sanitise_prefill_sampling(leg.sampling_params)
     leg.stream = False
     if handoff.prefill_params is not None:
         leg.kv_transfer_params_json = handoff.prefill_params

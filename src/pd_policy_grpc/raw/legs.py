@@ -21,6 +21,7 @@ from typing import Final
 
 from pd_policy import MROPE_GRID_KEYS, DecodeForm, KvHandoff, WorkerCapability, check_kv_handoff
 from pd_policy_grpc import legs as message_legs
+from pd_policy_grpc.kv import sanitise_prefill_sampling
 from pd_policy_grpc.view import has_mm_inputs
 from pd_policy_grpc.wire import pb
 
@@ -66,12 +67,7 @@ def prefill_leg(request: RawRequest, handoff: KvHandoff) -> RawLeg:
     skeleton = request.skeleton
     params = pb.SamplingParams()
     params.CopyFrom(skeleton.sampling_params)  # every occurrence, merged
-    params.max_tokens = 1
-    params.min_tokens = 0
-    params.n = 1
-    params.ClearField("stop")
-    params.ClearField("stop_token_ids")
-    params.ignore_eos = True
+    sanitise_prefill_sampling(params)
     leg = RawLeg.of(request.data, request.fields, 1)
     leg = leg.without((_SAMPLING, LEN), (_STREAM, VARINT)).plus(message_entry(_SAMPLING, params))
     if handoff.prefill_params is not None:
