@@ -25,16 +25,6 @@ from typing import Any
 
 import attrs
 
-try:
-    import aiohttp
-    from aiohttp import web
-    from aiohttp.log import access_logger
-except ModuleNotFoundError as exc:
-    raise ModuleNotFoundError(
-        f"{__name__} needs the http extra ({exc.name} is missing): pip install 'pd-policy[http]'",
-        name=exc.name,
-    ) from exc
-
 from pd_policy import (
     EncoderCacheRole,
     InvalidConfiguration,
@@ -44,6 +34,7 @@ from pd_policy import (
     WorkerCapability,
 )
 
+from .aio import access_logger, aiohttp, web
 from .proxy import Proxy
 from .scale_out import DERENDER, GENERATE, RENDER
 from .workers import HttpWorker, capability_from_config, prefill_kv_from_config

@@ -24,21 +24,13 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
-try:
-    import aiohttp
-    from aiohttp import web
-except ModuleNotFoundError as exc:
-    raise ModuleNotFoundError(
-        f"{__name__} needs the http extra ({exc.name} is missing): pip install 'pd-policy[http]'",
-        name=exc.name,
-    ) from exc
-
 from pd_policy import (
     DecodeCandidate,
     PolicyError,
     WorkerFailedToStart,
 )
 
+from .aio import aiohttp, web
 from .codec import loads
 from .legs import Leg
 from .plan import decode_leg, plan_encoded, plan_rendered, plan_request

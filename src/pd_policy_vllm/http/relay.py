@@ -15,17 +15,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
-try:
-    import aiohttp
-    from aiohttp import web
-except ModuleNotFoundError as exc:
-    raise ModuleNotFoundError(
-        f"{__name__} needs the http extra ({exc.name} is missing): pip install 'pd-policy[http]'",
-        name=exc.name,
-    ) from exc
-
 from pd_policy import MalformedRequest, PolicyError, WorkerFailedToStart, WorkerStreamError
 
+from .aio import aiohttp, web
 from .codec import dumps, loads
 from .legs import Leg
 from .scale_out import Derender
