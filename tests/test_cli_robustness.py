@@ -130,6 +130,16 @@ def test_explain_never_tracebacks(tmp_path: Path, request: bytes, worker: bytes,
     check(status, err, str(tmp_path))
 
 
+def test_a_key_with_a_line_break_is_still_one_line(tmp_path: Path) -> None:
+    # Found by the CI profile: a worker document {"\n": null} printed a two-line error.
+    argv = ["explain", str(tmp_path / "r.json"), "--decode-worker", str(tmp_path / "w.json")]
+    files = {"r.json": json.dumps(REQUEST).encode(), "w.json": b'{"\\n": null}'}
+    status, _, err = run_cli(tmp_path, argv, files)
+    assert status == 2
+    check(status, err, str(tmp_path), label=False)
+    assert '"\\n": unknown field' in err
+
+
 @FAST
 @given(document=documents(SMALL, start=2, into="cases"))
 def test_run_vectors_never_tracebacks(tmp_path: Path, document: bytes) -> None:

@@ -34,6 +34,40 @@ def test_unspecified_modality_means_image() -> None:
     assert request_from_json(doc).batches[0].modality.value == "image"
 
 
+#: Keys a document may hold that a path cannot show as they are: a line break, a dot, an
+#: empty name, a long one, non-ASCII, brackets.
+ODD_KEYS = ["\n", "a.b", "", "k" * 500, "\u00e9\u2028", "x[0]"]
+
+
+def _tensor_doc(name: str) -> dict[str, Any]:
+    tensors = {name: {"shape": [1, 3]}}  # no dtype: refused, under the tensor's path
+    return {"request_id": "r", "input_ids": [1], "batches": [{"tensors": tensors}]}
+
+
+@pytest.mark.parametrize("key", ODD_KEYS)
+@pytest.mark.parametrize(
+    ("read", "doc", "prefix"),
+    [
+        (worker_from_json, lambda key: {key: None}, ""),
+        (request_from_json, _tensor_doc, "batches[0].tensors."),
+        (request_from_json,
+         lambda key: {"request_id": "r", "input_ids": [1], "batches": [{"flat_keys": {key: 1}}]},
+         "batches[0].flat_keys."),
+    ],
+    ids=["unknown-field", "tensor-name", "flat-key"],
+)  # fmt: skip
+def test_a_documents_own_key_is_quoted_in_the_path(
+    read: Any, doc: Any, prefix: str, key: str
+) -> None:
+    with pytest.raises(MalformedRequest) as caught:
+        read(doc(key))
+    param = caught.value.param
+    assert param is not None and param.startswith(prefix + '"'), param
+    # One short line of printable ASCII, whatever the key holds.
+    assert param.isascii() and param.isprintable() and len(param) < 100, param
+    assert "\n" not in caught.value.message
+
+
 @pytest.mark.parametrize(
     ("doc", "param"),
     [

@@ -8,8 +8,10 @@ what was expected, never what was found.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from .errors import MalformedRequest
 
@@ -26,9 +28,18 @@ def _fail(path: str, message: str) -> MalformedRequest:
     return MalformedRequest(f"{path or 'the document'}: {message}", param=path or None)
 
 
+#: A key a path names as it is; any other (a document's own keys: tensor names, unknown
+#: fields) is quoted, so that a path stays one short line of ASCII whatever the key holds.
+_PLAIN_KEY: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_QUOTED_CHARS: Final = 40
+
+
 def _join(path: str, key: str | int) -> str:
     if isinstance(key, int):
         return f"{path}[{key}]"
+    if not _PLAIN_KEY.fullmatch(key):
+        cut = key[:_QUOTED_CHARS] + ("..." if len(key) > _QUOTED_CHARS else "")
+        key = json.dumps(cut)  # ASCII, control characters escaped
     return f"{path}.{key}" if path else key
 
 
@@ -74,7 +85,8 @@ def _build(path: str, make: Callable[[], T]) -> T:
     try:
         return make()
     except MalformedRequest as exc:
-        param = _join(path, exc.param) if exc.param else path
+        # ``exc.param`` is a path already (``placeholders[0].offset``): joined, not quoted.
+        param = (f"{path}.{exc.param}" if path else exc.param) if exc.param else path
         raise MalformedRequest(exc.message, param=param or None) from None
 
 
