@@ -83,8 +83,7 @@ def _batch(value: object, path: str) -> MultimodalBatch:
     obj = _obj(value, path, *_BATCH_KEYS)
     tensors_obj = _expect(obj.get("tensors", {}), dict, _join(path, "tensors"))
     tensors = [
-        _tensor(name, t, _join(_join(path, "tensors"), name))
-        for name, t in tensors_obj.items()
+        _tensor(name, t, _join(_join(path, "tensors"), name)) for name, t in tensors_obj.items()
     ]
     pixels = _opt(obj, "pixel_values", path, lambda v, p: _tensor("pixel_values", v, p))
     kwargs: dict[str, Any] = {
