@@ -36,6 +36,7 @@ def _item_bytes(leg: dict[str, Any] | None) -> int:
 def main() -> int:
     from epd_peers import answer, chat_body, epd_fleet
     from http_fleets import http_fleet
+    from llava_prompts import TEXT
     from qwen_prompts import _WORDS
     from router_side import image
     from tiny_models import build_llava, build_qwen2vl
@@ -44,7 +45,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="pd-policy-epd-demo-"))
     qwen_words = " ".join(_WORDS[(i * 7) % len(_WORDS)] for i in range(66))
-    llava_words = " ".join(["describe the red dog on the mat and the blue cat"] * 6)
+    llava_words = TEXT
     models = [
         ("Qwen2-VL", build_qwen2vl, True, {"image": 1, "video": 0}, 112, qwen_words),
         ("LLaVA", build_llava, False, {"image": 1}, None, llava_words),

@@ -28,6 +28,7 @@ def main() -> int:
     import openai
     from http_peers import data_url, http_json, proxy, vllm_server
     from live_engines import connector
+    from llava_prompts import TEXT
     from router_side import image
     from servers import running
     from tiny_models import build_llava
@@ -42,7 +43,7 @@ def main() -> int:
         kv_config=connector("kv_consumer", work / "transfers"),
     )  # fmt: skip
     baseline, baseline_url = vllm_server("baseline", llava, work)
-    words = " ".join(["describe the red dog on the mat and the blue cat"] * 6)
+    words = TEXT
 
     def body(seed: int, **extra: Any) -> dict[str, Any]:
         picture = {"type": "image_url", "image_url": {"url": data_url(image(seed))}}

@@ -19,12 +19,11 @@ import pytest
 from epd_peers import EpdFleet, answer, chat_body, epd_fleet
 from http_fleets import HttpFleet
 from http_peers import http_json
+from llava_prompts import TEXT
 from router_side import image
 
 from pd_policy_vllm.http import Route
 from pd_policy_vllm.http.scale_out import GENERATE, RENDER
-
-_FILLER = " ".join(["describe the red dog on the mat and the blue cat"] * 6)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +33,7 @@ def fleet(llava_http: HttpFleet) -> Iterator[EpdFleet]:
 
 
 def body(seed: int, variant: str) -> dict[str, Any]:
-    return chat_body(image(seed), f"{variant} {_FILLER}")
+    return chat_body(image(seed), f"{variant} {TEXT}")
 
 
 def test_images_a_b_a_through_e_p_d_match_one_full_vision_server(fleet: EpdFleet) -> None:

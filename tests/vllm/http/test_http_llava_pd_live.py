@@ -23,6 +23,7 @@ import openai
 import pytest
 from http_fleets import HttpFleet
 from http_peers import InProcessProxy, data_url, http_json, proxy, running_requests
+from llava_prompts import TEXT
 from router_side import image
 from servers import running
 
@@ -30,8 +31,6 @@ from pd_policy import KvConnectorMode, PrefillKv
 from pd_policy_vllm.http import HttpWorker, capability_from_config, prefill_kv_from_config
 from pd_policy_vllm.http.cli import read_workers
 from pd_policy_vllm.http.proxy import Proxy
-
-_FILLER = " ".join(["describe the red dog on the mat and the blue cat"] * 6)
 
 
 @attrs.frozen
@@ -62,7 +61,7 @@ def fleet(llava_http: HttpFleet) -> Iterator[Fleet]:
 
 
 def messages(seed: int | None, variant: str) -> list[dict[str, Any]]:
-    text = {"type": "text", "text": f"{variant} {_FILLER}"}
+    text = {"type": "text", "text": f"{variant} {TEXT}"}
     if seed is None:
         return [{"role": "user", "content": [text]}]
     picture = {"type": "image_url", "image_url": {"url": data_url(image(seed))}}
@@ -140,7 +139,7 @@ def test_the_decode_servers_prefix_cache_keeps_b_apart_from_a(fleet: Fleet) -> N
 
 
 def test_completions_through_the_proxy_match_the_baseline(fleet: Fleet) -> None:
-    prompt = f"USER: completions {_FILLER}\nASSISTANT:"
+    prompt = f"USER: completions {TEXT}\nASSISTANT:"
     kwargs: dict[str, Any] = {
         "model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0,
         "extra_body": {"return_token_ids": True},

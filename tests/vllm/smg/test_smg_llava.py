@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import attrs
 import pytest
 from live_engines import BLOCK_SIZE
+from llava_prompts import TEXT
 from router_side import image, router_request
 from servers import running
 from smg_peers import Recorder, Streamed, servicer, streamed
@@ -37,8 +38,6 @@ from pd_policy_grpc import SequentialPd, capability_from_info, prefill_kv_from_i
 from pd_policy_grpc.wire import pb, pb_grpc
 from routers import sequential_pd
 from wire_messages import to_proto
-
-_FILLER = " ".join(["describe the red dog on the mat and the blue cat"] * 6)
 
 
 @attrs.frozen
@@ -68,11 +67,11 @@ def fleet(llava: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def request(fleet: Fleet, variant: str, seed: int | None, *, n: int = 1) -> pb.GenerateRequest:
     """A LLaVA request over four 32-id blocks; ``seed`` picks the image (``None``: text)."""
     if seed is None:
-        prompt = f"USER: {variant} {_FILLER}\nASSISTANT:"
+        prompt = f"USER: {variant} {TEXT}\nASSISTANT:"
         return router_request(str(fleet.model.path), prompt, request_id=variant, n=n)
     return router_request(
         str(fleet.model.path),
-        f"USER: <image>\n{variant} {_FILLER}\nASSISTANT:",
+        f"USER: <image>\n{variant} {TEXT}\nASSISTANT:",
         [image(seed)],
         image_token_id=fleet.model.image_token_id,
         request_id=f"{variant}-{seed}",
