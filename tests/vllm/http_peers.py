@@ -14,6 +14,7 @@ import base64
 import io
 import json
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Final, Self
@@ -29,7 +30,7 @@ from pd_policy_vllm.http.proxy import Proxy
 
 __all__ = [
     "InProcessProxy", "Sent", "ThreadedSite", "data_url", "http_json", "proxy",
-    "running_requests", "vllm_server",
+    "running_requests", "vllm_server", "wait_idle",
 ]  # fmt: skip
 
 #: The environment of a worker: describe itself, a small KV cache.
@@ -102,6 +103,14 @@ def running_requests(url: str) -> float:
         for line in text.splitlines()
         if line.startswith("vllm:num_requests_running")
     )
+
+
+def wait_idle(*urls: str, timeout: float = 30.0) -> None:
+    """Wait until none of the vLLM servers at ``urls`` runs a request; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while any(running_requests(url) for url in urls):
+        assert time.monotonic() < deadline, "a request is still running after the disconnect"
+        time.sleep(0.2)
 
 
 def data_url(image: Any) -> str:
