@@ -79,6 +79,16 @@ from .legs import (
     identity_only,
     metadata_only,
 )
+from .media_errors import MediaFetchFailed, MediaRefused, MediaUnreachable, MissingMediaIdentity
+from .media_identity import (
+    IDENTITY_PREFIX,
+    HashFactors,
+    IdentityBasis,
+    MediaSource,
+    identity_basis,
+    item_identity,
+)
+from .media_rules import DEFAULT_FETCH_TIMEOUTS, MediaFetchRules, check_media_url, media_source
 from .mrope import MROPE_GRID_KEYS, grids_kept_on_cpu, has_mrope_grids, mrope_metadata_gap
 from .prefill import prefill_batch, prefill_leg
 from .request import LegacyKvParams, MediaRef, Request
@@ -109,9 +119,11 @@ __version__ = "0.1.0"
 __all__ = [
     "CONNECTOR_MODES",
     "DEFAULT_BOOTSTRAP_PORT",
+    "DEFAULT_FETCH_TIMEOUTS",
     "EC_ROLE_LABEL",
     "ERROR_CATALOG",
     "ERROR_CODE_HEADER",
+    "IDENTITY_PREFIX",
     "MM_MEDIA_REF_SCHEMES_LABEL",
     "MM_METADATA_LABEL",
     "MM_PROCESSOR_LABEL",
@@ -127,16 +139,24 @@ __all__ = [
     "EncoderCacheRole",
     "EncoderOutput",
     "EngineFacts",
+    "HashFactors",
+    "IdentityBasis",
     "InvalidConfiguration",
     "KvConnectorMode",
     "KvHandoff",
     "LegacyKvParams",
     "MalformedRequest",
+    "MediaFetchFailed",
+    "MediaFetchRules",
     "MediaProcessorAdvert",
     "MediaRef",
     "MediaRefsOnLanguageModelOnlyDecode",
+    "MediaRefused",
+    "MediaSource",
+    "MediaUnreachable",
     "MissingEncoderOutput",
     "MissingKvTransferParams",
+    "MissingMediaIdentity",
     "MmInputProbe",
     "Modality",
     "MropeOnLanguageModelOnlyDecode",
@@ -160,6 +180,7 @@ __all__ = [
     "apply_kv_handoff",
     "build_decode_leg",
     "check_kv_handoff",
+    "check_media_url",
     "clone_without_mm",
     "connector_mode",
     "decide_decode_form",
@@ -179,7 +200,10 @@ __all__ = [
     "grids_kept_on_cpu",
     "grpc_status_to_http",
     "has_mrope_grids",
+    "identity_basis",
     "identity_only",
+    "item_identity",
+    "media_source",
     "metadata_only",
     "mint_transfer_id",
     "mrope_metadata_gap",

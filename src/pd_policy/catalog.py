@@ -22,6 +22,7 @@ from .errors import (
     NSamplesOnLanguageModelOnlyDecode,
     PolicyError,
 )
+from .media_errors import MediaFetchFailed, MediaRefused, MediaUnreachable, MissingMediaIdentity
 from .worker_errors import WorkerFailedToStart, WorkerStreamError
 
 __all__ = ["ERROR_CATALOG", "CatalogEntry"]
@@ -45,7 +46,11 @@ _POLICY_ERRORS: Final = (
     NSamplesOnLanguageModelOnlyDecode,
     MissingKvTransferParams,
     MissingEncoderOutput,
+    MissingMediaIdentity,
     MultimodalNotSupported,
+    MediaRefused,
+    MediaFetchFailed,
+    MediaUnreachable,
     MalformedRequest,
     NoDecodeWorkerAvailable,
     InvalidConfiguration,
