@@ -29,15 +29,18 @@ from pd_policy import (
     EncoderCacheRole,
     InvalidConfiguration,
     KvConnectorMode,
+    MediaFetchRules,
     PrefillKv,
     Support,
     WorkerCapability,
 )
 
 from .aio import access_logger, aiohttp, web
+from .identity import WorkerMedia
+from .pin import RemoteMedia
 from .proxy import Proxy
 from .scale_out import DERENDER, GENERATE, RENDER
-from .workers import HttpWorker, capability_from_config, prefill_kv_from_config
+from .workers import HttpWorker, capability_from_config, media_from_config, prefill_kv_from_config
 
 __all__ = ["main", "read_encoder", "read_workers"]
 
@@ -51,14 +54,15 @@ _CAPABILITIES = {
 
 
 async def _server_info(session: aiohttp.ClientSession, url: str, deadline: float) -> Any:
-    """The worker's ``vllm_config`` (``None`` when it does not serve it), once it is up."""
+    """The worker's ``/server_info`` (``None`` when it does not serve it), once it is up:
+    its ``vllm_config`` and its ``vllm_env``."""
     while True:
         try:
             async with session.get(f"{url}/server_info", params={"config_format": "json"}) as r:
                 if r.status != 200:
                     return None
                 info = await r.json()
-                return info.get("vllm_config", info) if isinstance(info, dict) else None
+                return info if isinstance(info, dict) else None
         except aiohttp.ClientConnectionError:
             if time.monotonic() > deadline:
                 raise
@@ -84,11 +88,12 @@ async def read_workers(args: argparse.Namespace) -> tuple[HttpWorker, list[HttpW
     """
     deadline = time.monotonic() + args.startup_timeout
     async with aiohttp.ClientSession() as session:
-        prefill_config = await _server_info(session, args.prefill, deadline)
-        decode_configs = [await _server_info(session, url, deadline) for url in args.decode]
+        prefill_info = await _server_info(session, args.prefill, deadline)
+        decode_configs = [_config(await _server_info(session, u, deadline)) for u in args.decode]
         renders = await _scale_out(session, args.prefill, RENDER)
         derenders = [await _scale_out(session, url, DERENDER) for url in args.decode]
     mode = KvConnectorMode(args.kv_mode) if args.kv_mode else None
+    prefill_config = _config(prefill_info)
     if prefill_config is not None:
         kv = prefill_kv_from_config(
             prefill_config, args.prefill, mode=mode, bootstrap_port=args.bootstrap_port
@@ -122,7 +127,17 @@ async def read_workers(args: argparse.Namespace) -> tuple[HttpWorker, list[HttpW
     own = (
         capability_from_config(prefill_config) if prefill_config is not None else WorkerCapability()
     )
-    return HttpWorker(args.prefill, own, kv=kv, renders=renders), decode
+    media = WorkerMedia()
+    if prefill_config is not None:
+        media = media_from_config(prefill_config, prefill_info.get("vllm_env"))
+    elif args.allowed_media_domains is not None:
+        # The operator states the worker's rules: an empty list is vLLM's "any host".
+        media = WorkerMedia(MediaFetchRules(allowed_domains=args.allowed_media_domains, known=True))
+    return HttpWorker(args.prefill, own, kv=kv, renders=renders, media=media), decode
+
+
+def _config(info: Any) -> Any:
+    return info.get("vllm_config") if isinstance(info, dict) else None
 
 
 async def read_encoder(args: argparse.Namespace, prefill: HttpWorker) -> HttpWorker | None:
@@ -139,7 +154,7 @@ async def read_encoder(args: argparse.Namespace, prefill: HttpWorker) -> HttpWor
         return None
     deadline = time.monotonic() + args.startup_timeout
     async with aiohttp.ClientSession() as session:
-        config = await _server_info(session, args.encode, deadline)
+        config = _config(await _server_info(session, args.encode, deadline))
         renders = await _scale_out(session, args.encode, RENDER)
         generates = await _scale_out(session, prefill.url, GENERATE)
     producer = EncoderCacheRole.PRODUCER
@@ -189,6 +204,20 @@ def _parser() -> argparse.ArgumentParser:
         help="the capability of a decode worker that does not describe itself",
     )
     parser.add_argument(
+        "--remote-media",
+        choices=[m.value for m in RemoteMedia],
+        help="what to do with a remote media URL: fetch it once for every leg (the default "
+        "when the prefill describes its media rules), leave it uncached (the default "
+        "otherwise), or refuse it",
+    )
+    parser.add_argument(
+        "--allowed-media-domains",
+        nargs="*",
+        metavar="HOST",
+        help="the prefill worker's --allowed-media-domains, when its server does not say "
+        "(none: any host); with it the proxy may fetch remote media for the worker",
+    )
+    parser.add_argument(
         "--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers"
     )
     parser.add_argument(
@@ -205,6 +234,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prefill, decode = asyncio.run(read_workers(args))
         encoder = asyncio.run(read_encoder(args, prefill))
         lm_only = any(w.capability.language_model_only for w in decode)
+        remote = RemoteMedia(args.remote_media) if args.remote_media else None
+        if remote is RemoteMedia.FETCH and not prefill.media.rules.known:
+            raise InvalidConfiguration(
+                "--remote-media fetch needs the prefill worker's media rules: run it with "
+                "VLLM_SERVER_DEV_MODE=1, or pass --allowed-media-domains",
+                param="remote_media",
+            )
         if args.mrope is None and lm_only:
             raise InvalidConfiguration(
                 "a decode worker is language-model-only and no worker says whether the model "
@@ -219,7 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logger.info("prefill %s: %s", prefill.url, prefill.kv.mode.value)
     if encoder is not None:
         logger.info("encode %s: E/P/D for requests with media", encoder.url)
-    proxy = Proxy(prefill, decode, mrope=bool(args.mrope), encoder=encoder)
+    proxy = Proxy(prefill, decode, mrope=bool(args.mrope), encoder=encoder, remote_media=remote)
+    logger.info("remote media: %s", proxy.remote_media.value)
     web.run_app(
         proxy.app(),
         host=args.host,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -28,6 +28,7 @@ from pd_policy import (
     Request,
     WorkerStreamError,
     decode_cache_salt,
+    fold_cache_salt,
 )
 
 from .codec import token_ids
@@ -36,6 +37,9 @@ from .request import Route
 from .scale_out import Derender
 
 __all__ = ["Leg", "PrefillReply", "decode_body", "prefill_body", "read_prefill"]
+
+#: A request's own media processing options: a leg without media carries neither.
+_MEDIA_OPTIONS: Final = ("mm_processor_kwargs", "media_io_kwargs")
 
 
 @attrs.frozen(slots=True)
@@ -118,6 +122,8 @@ def decode_body(
     form: DecodeForm,
     leg: Request,
     reply: PrefillReply | None,
+    *,
+    uncached: bool = False,
 ) -> Leg:
     """The decode leg for ``form``: ``leg`` is the core's decode leg (after the relay),
     ``reply`` what the prefill returned (``None`` when no prefill ran, n>1).
@@ -132,7 +138,14 @@ def decode_body(
     - ``TEXT_PLUS_HASHES``, completions: the token-id ``prompt``, the KV
       parameters and the salt.
     - ``IDENTITY_ONLY`` and ``FULL`` (a vision-capable worker): the body
-      itself, with the relayed KV parameters.
+      itself, with the relayed KV parameters. When ``uncached`` (an item is a URL the
+      proxy did not fetch: the decode worker reads it again) and the leg takes the
+      prefill's KV, ``cache_salt`` is the folded salt too: what the worker reads then
+      never enters its cache under the prefill's KV.
+
+    A stripped leg carries no ``mm_processor_kwargs`` or ``media_io_kwargs``: they are
+    in the items' identities, and a worker that does not trust per-request options
+    refuses a request that sends them.
 
     Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] for a stripped leg with media
     and no prompt ids to forward (it would be answered image-blind), and for a
@@ -143,6 +156,8 @@ def decode_body(
     if form in (DecodeForm.IDENTITY_ONLY, DecodeForm.FULL):
         if params is not None:
             out["kv_transfer_params"] = params
+        if uncached and leg.relays_kv and leg.has_mm_inputs:
+            out["cache_salt"] = fold_cache_salt(leg)
         return Leg(route.value, out)
     if form is not DecodeForm.TEXT_PLUS_HASHES:
         raise MalformedRequest(f"no HTTP decode leg for the form {form.name}", param="form")
@@ -152,6 +167,8 @@ def decode_body(
     salt = decode_cache_salt(leg)
     if salt is not None:
         out["cache_salt"] = salt
+    for option in _MEDIA_OPTIONS:
+        out.pop(option, None)
     if route is Route.COMPLETIONS:
         if ids is not None:
             out["prompt"] = list(ids)

@@ -1,4 +1,4 @@
-"""Media in an OpenAI chat body: which parts are media, their identities, and the body
+"""Media in an OpenAI chat body: which parts are media, where their bytes are, and the body
 without them.
 
 vLLM's chat renderer treats a content part as media when its ``type`` is not
@@ -8,6 +8,13 @@ must keep *no* such part: vLLM ignores the forwarded prompt ids of a chat
 request with any non-text part, and renders the stripped messages instead, an
 image-blind prompt answered with HTTP 200. So the test here is the same as
 vLLM's, and a part this module cannot place is refused, never left in.
+
+Each media part is read as vLLM reads it: a part with a ``uuid`` is placed by the
+media key it carries (vLLM then ignores its ``type``), any other by its ``type``;
+its data is a URL (``image_url``, ``audio_url``, ``video_url``, ``input_image``),
+inline data (``input_audio``, the ``*_embeds`` and ``image_pil`` parts), or nothing
+(a part that names a cached item by its ``uuid`` alone). What identifies it is the
+core's rule ([`identity`][pd_policy_vllm.http.identity]).
 """
 
 from __future__ import annotations
@@ -17,9 +24,7 @@ from typing import Any, Final
 
 import attrs
 
-from pd_policy import MalformedRequest, Modality
-
-from .codec import sha256_identity
+from pd_policy import MalformedRequest, MediaFetchRules, MediaSource, Modality, check_media_url
 
 __all__ = ["TEXT_PART_TYPES", "MediaPart", "media_parts", "without_media"]
 
@@ -41,22 +46,45 @@ _MEDIA_TYPES: Final[Mapping[str, Modality]] = {
     "video_embeds": Modality.VIDEO,
 }
 _MEDIA_KEYS: Final = frozenset(_MEDIA_TYPES) | {"prompt_embeds"}
+#: The media keys in the order vLLM looks for them in a part with a ``uuid``.
+_UUID_KEY_ORDER: Final = (
+    "image_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds", "audio_url",
+    "input_audio", "video_url",
+)  # fmt: skip
+#: Part types whose data is a URL, and the key that holds it (``input_image``'s own key
+#: is ``image_url``).
+_URL_KEYS: Final = {
+    "image_url": "image_url",
+    "input_image": "image_url",
+    "audio_url": "audio_url",
+    "video_url": "video_url",
+}
 
 
 @attrs.frozen(slots=True)
 class MediaPart:
-    """One media item of a chat body: where it is, its modality and its identity.
+    """One media item of a chat body: where it is, what it is, and where its bytes are.
 
-    The identity is the part's ``uuid`` when the client gave one (vLLM uses it
-    as the item's hash too), else the SHA-256 of the part's canonical JSON: a
-    data URL's bytes, or a remote URL's text (two fetches of one URL that
-    returned different images would share it; give a ``uuid`` then).
+    ``key`` is the part's key that holds its data (``image_url`` for an ``input_image``
+    too, ``input_audio``...); ``url`` its URL,
+    for a part whose data is one (``source`` then says where the URL points);
+    ``data`` the part's inline data otherwise (``None`` for a part named by its
+    ``uuid`` alone). ``uuid`` is the client's, as vLLM reads it (``str(uuid)``).
     """
 
     message: int
     part: int
     modality: Modality
-    identity: str
+    key: str
+    source: MediaSource
+    url: str | None = attrs.field(default=None, repr=False)
+    data: Any = attrs.field(default=None, repr=False)
+    uuid: str | None = attrs.field(default=None, repr=False)
+
+    @property
+    def param(self) -> str:
+        """Where the part is, as an error's ``param`` names it."""
+        return f"messages[{self.message}].content[{self.part}]"
 
 
 def _is_text(part: Mapping[str, Any]) -> bool:
@@ -64,23 +92,50 @@ def _is_text(part: Mapping[str, Any]) -> bool:
     return isinstance(kind, str) and kind in TEXT_PART_TYPES and not (_MEDIA_KEYS & set(part))
 
 
-def _modality(part: Mapping[str, Any], where: str) -> Modality:
+def _key(part: Mapping[str, Any], where: str) -> str:
+    if part.get("uuid") is not None:
+        for key in _UUID_KEY_ORDER:
+            if key in part:
+                return key
     kind = part.get("type")
     if isinstance(kind, str) and kind in _MEDIA_TYPES:
-        return _MEDIA_TYPES[kind]
+        return kind
     keys = sorted(k for k in _MEDIA_TYPES if k in part)
     if kind is None and len(keys) == 1:
-        return _MEDIA_TYPES[keys[0]]
+        return keys[0]
     raise MalformedRequest(
         "a content part this proxy cannot place as text or as one kind of media", param=where
     )
 
 
-def _identity(part: Mapping[str, Any]) -> str:
-    uuid = part.get("uuid")
-    if uuid is not None:
-        return str(uuid)
-    return sha256_identity(part)
+def _url(value: Any, where: str) -> str | None:
+    # {"url": ...} or the URL itself (vLLM's simple form); None names a cached item.
+    if isinstance(value, Mapping):
+        value = value.get("url")
+    if value is None or isinstance(value, str):
+        return value or None
+    raise MalformedRequest("a media part's URL must be a string", param=where)
+
+
+def _read(m: int, p: int, part: Mapping[str, Any], rules: MediaFetchRules) -> MediaPart:
+    where = f"messages[{m}].content[{p}]"
+    key = _key(part, where)
+    modality = _MEDIA_TYPES[key]
+    raw_uuid = part.get("uuid")
+    uuid = None if raw_uuid is None else str(raw_uuid)
+    url_key = _URL_KEYS.get(key)
+    value = part.get(url_key if url_key is not None else key)
+    if url_key is not None:
+        url = _url(value, where)
+        if url is not None:
+            source = check_media_url(url, rules, param=where)
+            return MediaPart(m, p, modality, url_key, source, url=url, uuid=uuid)
+        value = None
+    if value is None:
+        if uuid is None:
+            raise MalformedRequest("a media part needs data, or a uuid naming it", param=where)
+        return MediaPart(m, p, modality, key, MediaSource.NAMED, uuid=uuid)
+    return MediaPart(m, p, modality, key, MediaSource.INLINE, data=value, uuid=uuid)
 
 
 def _messages(body: Mapping[str, Any]) -> Sequence[Any]:
@@ -90,7 +145,7 @@ def _messages(body: Mapping[str, Any]) -> Sequence[Any]:
     return messages
 
 
-def _media(body: Mapping[str, Any]) -> list[tuple[int, int, Modality, dict[str, Any]]]:
+def _media(body: Mapping[str, Any]) -> list[tuple[int, int, dict[str, Any]]]:
     found = []
     for m, message in enumerate(_messages(body)):
         if not isinstance(message, dict):
@@ -99,30 +154,40 @@ def _media(body: Mapping[str, Any]) -> list[tuple[int, int, Modality, dict[str, 
         if not isinstance(content, list):
             continue
         for p, part in enumerate(content):
-            where = f"messages[{m}].content[{p}]"
             if not isinstance(part, dict):
-                raise MalformedRequest("a content part must be an object", param=where)
+                raise MalformedRequest(
+                    "a content part must be an object", param=f"messages[{m}].content[{p}]"
+                )
             if not _is_text(part):
-                found.append((m, p, _modality(part, where), part))
+                found.append((m, p, part))
     return found
 
 
-def media_parts(body: Mapping[str, Any]) -> tuple[MediaPart, ...]:
-    """Every media part of a chat body's ``messages``, in order.
+def media_parts(
+    body: Mapping[str, Any], rules: MediaFetchRules | None = None
+) -> tuple[MediaPart, ...]:
+    """Every media part of a chat body's ``messages``, in order, read as vLLM reads it.
 
-    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400, ``param`` naming the
-    part) for messages that are not a list of objects, and for a part that is
-    neither text nor one kind of media (``prompt_embeds`` included: a decode
-    leg could not keep it and stay text).
+    ``rules`` are the worker's media rules (vLLM's defaults when ``None``): a URL the
+    worker would refuse is refused here, before any worker is called. Raises
+    [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400, ``param`` naming the
+    part) for messages that are not a list of objects, a part that is neither text nor
+    one kind of media (``prompt_embeds`` included: a decode leg could not keep it and
+    stay text), a URL that is not a string, and a part with neither data nor a
+    ``uuid``; [`MediaRefused`][pd_policy.media_errors.MediaRefused] (400) for a URL the
+    worker would not read ([`check_media_url`][pd_policy.media_rules.check_media_url]).
     """
-    return tuple(MediaPart(m, p, kind, _identity(part)) for m, p, kind, part in _media(body))
+    rules = rules if rules is not None else MediaFetchRules()
+    return tuple(_read(m, p, part, rules) for m, p, part in _media(body))
 
 
 def without_media(body: Mapping[str, Any]) -> list[Any]:
     """``messages`` with every media part removed; text parts, roles, tool calls and every
     other field kept. A message whose content were only media keeps an empty string.
-    Raises as [`media_parts`][pd_policy_vllm.http.media.media_parts] does."""
-    _media(body)  # refuses what cannot be placed
+    Raises as [`media_parts`][pd_policy_vllm.http.media.media_parts] does for messages and
+    parts it cannot place (it reads no URL)."""
+    for m, p, part in _media(body):
+        _key(part, f"messages[{m}].content[{p}]")  # refuses what cannot be placed
     out = []
     for message in _messages(body):
         content = message.get("content")

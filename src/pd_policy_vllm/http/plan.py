@@ -47,6 +47,7 @@ from pd_policy import (
 )
 
 from .encode import consumer_prefill_body, encode_generate_body, read_encode
+from .identity import WorkerMedia, uncached_parts
 from .legs import Leg, decode_body, prefill_body, read_prefill
 from .request import Route, policy_request
 from .scale_out import (
@@ -98,6 +99,10 @@ class Plan(Generic[T]):
     encode: dict[str, Any] | None = None
     #: What the prefill leg carries of each item, in E/P/D.
     prefill_form: PrefillForm | None = None
+    #: Whether some item has no reusable identity (a URL the proxy did not fetch): a decode
+    #: leg that keeps its media then takes a salt of its own, so that the decode worker,
+    #: which reads the URL again, never caches what it read under the prefill's KV.
+    uncached: bool = False
 
 
 def _as_rendered(request: Request) -> Request:
@@ -128,6 +133,8 @@ def plan_request(
     transfer_id: str | None = None,
     renders: bool = False,
     encodes: bool = False,
+    media: WorkerMedia | None = None,
+    nonce: str | None = None,
 ) -> Plan[T]:
     """Decide everything before prefill. Raises every refusal the policy can make then:
     malformed bodies, the carve-outs, no decode worker, and ``echo`` on a request with
@@ -141,8 +148,15 @@ def plan_request(
     ``encodes``: an encoder-only worker is configured (and the prefill worker consumes
     its cache). A chat request with media and one sample then runs E/P/D: the plan
     holds the render leg, for the encoder (see [`encode`][pd_policy_vllm.http.encode]).
+
+    ``media`` is what the prefill worker does with media, and ``nonce`` makes an uncached
+    item's identity pure (see [`policy_request`][pd_policy_vllm.http.request.policy_request]).
     """
-    request = policy_request(body, route, request_id=request_id, mrope=mrope)
+    media = media if media is not None else WorkerMedia()
+    request = policy_request(
+        body, route, request_id=request_id, mrope=mrope, media=media, nonce=nonce
+    )
+    uncached = route is Route.CHAT and uncached_parts(body, media.rules)
     epd = encodes and route is Route.CHAT and request.n <= 1 and needs_encode_leg(request)
     decided = request
     if (renders or epd) and route is Route.CHAT and has_mrope_grids(request):
@@ -158,6 +172,7 @@ def plan_request(
             param="echo",
         )
     handoff = plan_kv_handoff(kv, n=request.n, transfer_id=transfer_id)
+    # The render's worker fetches and names every item: none is uncached then.
     if epd:  # the legs are built from the encoder's render and answer
         return Plan(route, body, request, chosen, form, leg, handoff, None, GENERATE, dict(body),
                     epd=True)  # fmt: skip
@@ -168,7 +183,8 @@ def plan_request(
         form, leg = build_decode_leg(request, chosen.worker)
     leg = apply_kv_handoff(leg, handoff)
     prefill = prefill_body(body, route, handoff) if handoff.runs_prefill else None
-    return Plan(route, body, request, chosen, form, leg, handoff, prefill, route.value)
+    return Plan(route, body, request, chosen, form, leg, handoff, prefill, route.value,
+                uncached=uncached)  # fmt: skip
 
 
 def plan_rendered(plan: Plan[T], render_response: Mapping[str, Any]) -> Plan[T]:
@@ -234,4 +250,4 @@ def decode_leg(plan: Plan[Any], prefill_response: Mapping[str, Any] | None) -> L
     if plan.rendered is not None and plan.form is DecodeForm.MROPE_METADATA:
         body = metadata_decode_body(plan.rendered, leg)
         return Leg(GENERATE, body, Derender.for_request(plan.body, plan.rendered))
-    return decode_body(plan.body, plan.route, plan.form, leg, reply)
+    return decode_body(plan.body, plan.route, plan.form, leg, reply, uncached=plan.uncached)

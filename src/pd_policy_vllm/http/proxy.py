@@ -33,7 +33,8 @@ from pd_policy import (
 from .aio import aiohttp, web
 from .codec import loads
 from .legs import Leg
-from .plan import decode_leg, plan_encoded, plan_rendered, plan_request
+from .pin import RemoteMedia, pin_remote_media, refuse_remote_media
+from .plan import Plan, decode_leg, plan_encoded, plan_rendered, plan_request
 from .relay import REQUEST_ID_HEADER, error_response, post_json, relay_decode
 from .request import Route
 from .scale_out import GENERATE, RENDER
@@ -53,6 +54,11 @@ class Proxy:
     ``--enable-scale-out``), whose cache the prefill worker consumes. Chat requests
     with media then run E/P/D (see [`encode`][pd_policy_vllm.http.encode]).
 
+    ``remote_media``: what it does with a remote media URL the client did not name by a
+    ``uuid`` ([`RemoteMedia`][pd_policy_vllm.http.pin.RemoteMedia]); by default it
+    fetches the item once for every leg when it knows the prefill worker's media rules
+    (``prefill.media.rules.known``), and leaves it uncached otherwise.
+
     ``trace_configs`` are handed to the ``aiohttp`` client session (tests record the
     legs with one).
     """
@@ -64,10 +70,17 @@ class Proxy:
         *,
         mrope: bool,
         encoder: HttpWorker | None = None,
+        remote_media: RemoteMedia | None = None,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
     ) -> None:
         if not decode:
             raise ValueError("the proxy needs at least one decode worker")
+        known = prefill.media.rules.known
+        if remote_media is None:
+            remote_media = RemoteMedia.FETCH if known else RemoteMedia.UNCACHED
+        if remote_media is RemoteMedia.FETCH and not known:
+            raise ValueError("fetching remote media needs the prefill worker's media rules")
+        self.remote_media = remote_media
         self.prefill = prefill
         self.encoder = encoder
         self.candidates = [DecodeCandidate(w.capability, w) for w in decode]
@@ -125,10 +138,14 @@ class Proxy:
         self, session: aiohttp.ClientSession, body: Any, route: Route, request_id: str
     ) -> tuple[HttpWorker, Leg]:
         encoder = self.encoder
-        plan = plan_request(
-            body, route, self.candidates, self.prefill.kv, mrope=self.mrope,
-            request_id=request_id, renders=self.prefill.renders, encodes=encoder is not None,
-        )  # fmt: skip
+        media = self.prefill.media
+        plan = self._plan(body, route, request_id)
+        if plan.uncached and self.remote_media is RemoteMedia.REFUSE:
+            refuse_remote_media(body, media.rules)
+        if plan.uncached and plan.prefill is not None and self.remote_media is RemoteMedia.FETCH:
+            # Fetched once, after every refusal the policy can make without it: the same
+            # bytes to every leg, and an identity that is their hash.
+            plan = self._plan(await pin_remote_media(session, body, media.rules), route, request_id)
         prefill = self.prefill.url
         if plan.render is not None:
             # In E/P/D the encoder renders: the hashes it stores under are the rendered ones.
@@ -145,3 +162,10 @@ class Proxy:
             url = prefill + plan.prefill_route
             response = await post_json(session, "prefill", url, plan.prefill, request_id)
         return plan.decode.handle, decode_leg(plan, response)
+
+    def _plan(self, body: Any, route: Route, request_id: str) -> Plan[HttpWorker]:
+        return plan_request(
+            body, route, self.candidates, self.prefill.kv, mrope=self.mrope,
+            request_id=request_id, renders=self.prefill.renders,
+            encodes=self.encoder is not None, media=self.prefill.media,
+        )  # fmt: skip

@@ -23,6 +23,7 @@ from pd_policy import (
     TensorDescriptor,
 )
 
+from .identity import WorkerMedia, part_identities
 from .media import MediaPart, media_parts
 
 __all__ = ["CACHE_SALT_LIMIT", "Route", "check_cache_salt", "policy_request"]
@@ -71,31 +72,45 @@ def _n(body: Mapping[str, Any]) -> int:
     return n
 
 
-def _batches(parts: tuple[MediaPart, ...], mrope: bool) -> list[MultimodalBatch]:
+def _batches(
+    parts: tuple[MediaPart, ...], identities: tuple[str, ...], mrope: bool
+) -> list[MultimodalBatch]:
     by_modality: dict[Modality, list[str]] = {}
-    for part in parts:
-        by_modality.setdefault(part.modality, []).append(part.identity)
+    for part, identity in zip(parts, identities, strict=True):
+        by_modality.setdefault(part.modality, []).append(identity)
     batches = []
-    for modality, identities in by_modality.items():
+    for modality, items in by_modality.items():
         tensors: tuple[TensorDescriptor, ...] = ()
         if mrope and modality in _GRIDS:
-            rows = (len(identities), 3)
+            rows = (len(items), 3)
             tensors = (TensorDescriptor(_GRIDS[modality], rows, "int64", PayloadLocation.NONE),)
-        batches.append(MultimodalBatch(modality=modality, tensors=tensors, mm_hashes=identities))
+        batches.append(MultimodalBatch(modality=modality, tensors=tensors, mm_hashes=items))
     return batches
 
 
 def policy_request(
-    body: Mapping[str, Any], route: Route, *, request_id: str, mrope: bool
+    body: Mapping[str, Any],
+    route: Route,
+    *,
+    request_id: str,
+    mrope: bool,
+    media: WorkerMedia | None = None,
+    nonce: str | None = None,
 ) -> Request:
     """The core request for an OpenAI ``body`` sent to ``route``.
 
-    ``mrope``: the served model's positions are M-RoPE. Raises
+    ``mrope``: the served model's positions are M-RoPE. ``media``: what the prefill worker
+    does with media (its rules and settings; vLLM's defaults when ``None``): each media
+    part's identity is the core's
+    ([`part_identities`][pd_policy_vllm.http.identity.part_identities], which ``nonce``
+    makes pure for an uncached part). Raises
     [`MalformedRequest`][pd_policy.errors.MalformedRequest] (a 400 naming the field) for a body
     that is not an object; a chat body whose messages are not a list of
     objects or hold a part that is neither text nor media; a completions body
     whose ``prompt`` is not one prompt (text or token ids); ``n`` that is not
-    a positive integer; and a ``cache_salt`` vLLM would refuse.
+    a positive integer; a ``cache_salt`` vLLM would refuse; processing options that are
+    not objects; and [`MediaRefused`][pd_policy.media_errors.MediaRefused] for a media
+    URL the worker would not read.
     """
     if not isinstance(body, Mapping):
         raise MalformedRequest("the body must be a JSON object", param="body")
@@ -110,5 +125,8 @@ def policy_request(
         raise MalformedRequest(
             "prompt must be one prompt: a string or a list of token ids", param="prompt"
         )
-    parts = media_parts(body)
-    return Request(request_id, text="", batches=_batches(parts, mrope), n=n, cache_salt=salt)
+    media = media if media is not None else WorkerMedia()
+    parts = media_parts(body, media.rules)
+    identities = part_identities(body, parts, media, nonce=nonce)
+    batches = _batches(parts, identities, mrope)
+    return Request(request_id, text="", batches=batches, n=n, cache_salt=salt)

@@ -33,7 +33,10 @@ from .request import Route
 __all__ = ["FORMAT", "VERSION", "build", "dumps", "render_answer", "run", "run_case"]
 
 FORMAT: Final = "pd-policy-http-vectors"
-VERSION: Final = 2
+VERSION: Final = 3
+#: The value an uncached item's identity is made unique with, in every case: a proxy draws
+#: one per request.
+NONCE: Final = "vector-nonce"
 
 _WORKERS: Final = {
     "vision": {"supports_vision": True},
@@ -56,6 +59,7 @@ def run_case(case: Mapping[str, Any]) -> dict[str, Any]:
         plan = plan_request(
             case["body"], Route(case["route"]), candidates, kv, mrope=case["mrope"],
             request_id="vector", transfer_id="xfer-0001", renders=case.get("renders", False),
+            nonce=NONCE,
         )  # fmt: skip
         if plan.render is not None:
             outcome["render_leg"] = plan.render

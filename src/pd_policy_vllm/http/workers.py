@@ -20,8 +20,12 @@ import attrs
 from pd_policy import (
     EncoderCacheRole,
     EngineFacts,
+    InvalidConfiguration,
     KvConnectorMode,
+    MalformedRequest,
+    MediaFetchRules,
     MmInputProbe,
+    Modality,
     PrefillKv,
     Support,
     WorkerCapability,
@@ -30,10 +34,13 @@ from pd_policy import (
     derive_supports_vision,
 )
 
+from .identity import WorkerMedia
+
 __all__ = [
     "HttpWorker",
     "capability_from_config",
     "engine_facts_from_config",
+    "media_from_config",
     "prefill_kv_from_config",
 ]
 
@@ -53,6 +60,8 @@ class HttpWorker:
     #: It serves vLLM's scale-out routes (``--enable-scale-out``): render, generate and
     #: derender, which the M-RoPE metadata path takes.
     renders: bool = False
+    #: What it does with media (a prefill worker's): its fetch rules and processing settings.
+    media: WorkerMedia = attrs.field(factory=WorkerMedia)
 
 
 def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -136,4 +145,59 @@ def prefill_kv_from_config(
         bootstrap_host=urlsplit(url).hostname,
         dp_size=max(int(parallel.get("data_parallel_size") or 1), 1),
         **options,
+    )
+
+
+_MIB = 2**20
+_TIMEOUT_ENV = {
+    Modality.IMAGE: "VLLM_IMAGE_FETCH_TIMEOUT",
+    Modality.VIDEO: "VLLM_VIDEO_FETCH_TIMEOUT",
+    Modality.AUDIO: "VLLM_AUDIO_FETCH_TIMEOUT",
+}
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def media_from_config(
+    config: Mapping[str, Any], env: Mapping[str, Any] | None = None
+) -> WorkerMedia:
+    """What a worker does with media, from its ``/server_info``: the ``vllm_config`` (its
+    ``--allowed-media-domains``, ``--allowed-local-media-path``, ``--mm-processor-kwargs``
+    and ``--media-io-kwargs``) and the ``vllm_env`` (its fetch time-outs and size caps,
+    vLLM's defaults for what it does not list). The rules are then ``known``.
+
+    Raises [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for settings
+    of the wrong type (a worker this library cannot read).
+    """
+    model = _section(config, "model_config")
+    mm = _mapping(model.get("multimodal_config"))
+    env = env or {}
+    defaults = MediaFetchRules()
+
+    def megabytes(name: str, default: int) -> int:
+        value = env.get(name)
+        return int(value) * _MIB if type(value) is int and value > 0 else default
+
+    timeouts = {m: env[name] for m, name in _TIMEOUT_ENV.items() if type(env.get(name)) is int}
+    redirects = env.get("VLLM_MEDIA_URL_ALLOW_REDIRECTS", True)
+    try:
+        rules = MediaFetchRules(
+            allowed_domains=model.get("allowed_media_domains") or None,
+            allowed_local_path=model.get("allowed_local_media_path") or None,
+            allow_redirects=bool(redirects),
+            max_download_bytes=megabytes(
+                "VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB", defaults.max_download_bytes
+            ),
+            max_audio_bytes=megabytes("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", defaults.max_audio_bytes),
+            timeouts=timeouts,
+            known=True,
+        )
+    except MalformedRequest as exc:
+        raise InvalidConfiguration(
+            f"the worker's media settings: {exc.message}", exc.param
+        ) from None
+    return WorkerMedia(
+        rules, _mapping(mm.get("mm_processor_kwargs")), _mapping(mm.get("media_io_kwargs"))
     )

@@ -1,0 +1,155 @@
+"""Remote media, fetched once by the proxy within the worker's limits, and pinned: every leg
+gets the same bytes, and the item's identity is their hash.
+
+A remote URL is a name, not content: a camera's ``latest.jpg`` serves new bytes
+every second. When the prefill and a decode worker each fetch it, or when the
+decode leg's identity is the URL's text, the decode worker can serve one image's
+KV for another's, with a 200. So the proxy either fetches the item itself and
+sends its bytes, as a ``data:`` URL, to every leg
+([`RemoteMedia.FETCH`][pd_policy_vllm.http.pin.RemoteMedia]), or leaves the URL to
+the worker and gives the item an identity unique to the request (``UNCACHED``:
+correct, and never reused), or refuses it (``REFUSE``).
+
+Fetching, the proxy acts for the worker, so it keeps the worker's rules
+([`pd_policy.MediaFetchRules`][pd_policy.media_rules.MediaFetchRules]): its allowed
+domains (checked on every redirect too, which vLLM does not: a proxy is a front
+door), its size cap and its time-out for the modality. It never reads a local file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import enum
+from collections.abc import Mapping
+from typing import Any, Final
+from urllib.parse import urljoin
+
+from pd_policy import (
+    MediaFetchFailed,
+    MediaFetchRules,
+    MediaRefused,
+    MediaSource,
+    MediaUnreachable,
+    Modality,
+    check_media_url,
+)
+
+from .aio import aiohttp
+from .media import MediaPart, media_parts
+
+__all__ = ["RemoteMedia", "fetch_media", "pin_remote_media", "refuse_remote_media"]
+
+#: The media type a pinned item's data URL is given: vLLM reads an image's or an audio
+#: clip's bytes whatever the type, and a video's as a file for every type but
+#: ``video/jpeg`` (a list of frames), which a fetched file must never be taken for.
+PINNED_MEDIA_TYPE: Final = "application/octet-stream"
+_REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
+_MAX_HOPS: Final = 10
+_CHUNK: Final = 2**16
+
+
+class RemoteMedia(enum.Enum):
+    """What the proxy does with a remote media URL the client did not name by a ``uuid``."""
+
+    #: Fetch it once, within the worker's limits, and send its bytes to every leg.
+    FETCH = "fetch"
+    #: Send the URL; the item's identity is unique to the request (never cached on decode).
+    UNCACHED = "uncached"
+    #: Refuse it (400): the client sends the bytes.
+    REFUSE = "refuse"
+
+
+def _unnamed_remote(parts: tuple[MediaPart, ...]) -> list[MediaPart]:
+    return [p for p in parts if p.source is MediaSource.REMOTE and p.uuid is None]
+
+
+def refuse_remote_media(body: Mapping[str, Any], rules: MediaFetchRules) -> None:
+    """Raise [`MediaRefused`][pd_policy.media_errors.MediaRefused] (400, naming the part)
+    for the first remote URL of ``body`` that the client did not name by a ``uuid``."""
+    for part in _unnamed_remote(media_parts(body, rules)):
+        raise MediaRefused(
+            "this proxy does not send remote media URLs on: send the media inline, as a data: URL",
+            param=part.param,
+        )
+
+
+async def fetch_media(
+    session: aiohttp.ClientSession,
+    url: str,
+    modality: Modality,
+    rules: MediaFetchRules,
+    *,
+    param: str,
+) -> bytes:
+    """The bytes behind ``url``, fetched as the worker would, within ``rules``.
+
+    Raises [`MediaRefused`][pd_policy.media_errors.MediaRefused] (400) for a URL, or a
+    redirect, the worker would not read;
+    [`MediaFetchFailed`][pd_policy.media_errors.MediaFetchFailed] (422) for an answer
+    that is the client's error (4xx), too many redirects, or more bytes than the worker
+    takes; [`MediaUnreachable`][pd_policy.media_errors.MediaUnreachable] (504,
+    retryable) for a host that does not answer in the modality's time, cannot be
+    reached, or fails (5xx, 408, 429). Each names the item (``param``), never the URL.
+    """
+    limit = rules.max_bytes(modality)
+    timeout = aiohttp.ClientTimeout(total=rules.timeouts[modality])
+    try:
+        async with asyncio.timeout(rules.timeouts[modality]):
+            for _ in range(_MAX_HOPS + 1):
+                if check_media_url(url, rules, param=param) is not MediaSource.REMOTE:
+                    raise MediaRefused("a redirect left http(s)", param=param)
+                async with session.get(url, allow_redirects=False, timeout=timeout) as response:
+                    location = response.headers.get("Location")
+                    if response.status in _REDIRECTS and location and rules.allow_redirects:
+                        url = urljoin(url, location)
+                        continue
+                    return await _body(response, limit, param)
+    except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
+        raise MediaUnreachable(
+            "the media item's host did not answer within the worker's time limit", param=param
+        ) from None
+    raise MediaFetchFailed("the media URL redirected too many times", param=param)
+
+
+async def _body(response: aiohttp.ClientResponse, limit: int, param: str) -> bytes:
+    status = response.status
+    if status >= 500 or status in (408, 429):
+        raise MediaUnreachable(f"the media item's host answered {status}", param=param)
+    if status != 200:
+        raise MediaFetchFailed(f"the media item's host answered {status}", param=param)
+    if response.content_length is not None and response.content_length > limit:
+        raise MediaFetchFailed("the media item is larger than the worker takes", param=param)
+    data = bytearray()
+    async for chunk in response.content.iter_chunked(_CHUNK):
+        data += chunk
+        if len(data) > limit:
+            raise MediaFetchFailed("the media item is larger than the worker takes", param=param)
+    return bytes(data)
+
+
+def _pinned_part(part: Mapping[str, Any], key: str, data: bytes) -> dict[str, Any]:
+    url = f"data:{PINNED_MEDIA_TYPE};base64,{base64.b64encode(data).decode('ascii')}"
+    value = part[key]
+    return {**part, key: {**value, "url": url} if isinstance(value, Mapping) else url}
+
+
+async def pin_remote_media(
+    session: aiohttp.ClientSession, body: Mapping[str, Any], rules: MediaFetchRules
+) -> dict[str, Any]:
+    """``body`` with each remote URL the client did not name replaced by a ``data:`` URL of
+    its bytes, fetched once, concurrently ([`fetch_media`][pd_policy_vllm.http.pin.fetch_media]);
+    every other field as it was (``body`` is not changed). Raises what ``fetch_media``
+    raises, for the first item that fails."""
+    remote = _unnamed_remote(media_parts(body, rules))
+    if not remote:
+        return dict(body)
+    fetched = await asyncio.gather(
+        *(fetch_media(session, p.url or "", p.modality, rules, param=p.param) for p in remote)
+    )
+    messages = list(body["messages"])
+    for part, data in zip(remote, fetched, strict=True):
+        message = messages[part.message] = dict(messages[part.message])
+        content = message["content"] = list(message["content"])
+        content[part.part] = _pinned_part(content[part.part], part.key, data)
+    return {**body, "messages": messages}
