@@ -27,6 +27,7 @@ from pd_policy import (
     EncoderCacheRole,
     LegacyKvParams,
     MediaRef,
+    MissingMediaIdentity,
     Modality,
     MropeOnLanguageModelOnlyDecode,
     MultimodalBatch,
@@ -139,7 +140,8 @@ _encoder_key = st.none() | st.sampled_from(["pixel_values", "image_embeds"])
 def batches(draw: st.DrawFn, n_ids: int, *, grid: bool | None = None) -> MultimodalBatch:
     """One batch; ``grid``: whether it has an M-RoPE grid key (``None``: drawn)."""
     items = draw(_sizes[0, 3])
-    # About a third hash-less: the leg builders must drop such a batch whole.
+    # About a third hash-less: the decision must refuse such a batch when it carries
+    # media, and the leg builders drop an empty one whole.
     hashed = draw(_two_in_three)
     placed = n_ids > 0 and draw(_two_in_three)
     payload = draw(_payloads)
@@ -386,7 +388,8 @@ PLACEHOLDERS_NO_PAYLOAD: Final = "case: placeholders without a payload"
 HASHLESS_BATCH: Final = "case: hash-less batch"
 PAST_FIRST_CARVE_OUT: Final = "case: language-model-only worker past the first carve-out"
 FIRED_502: Final = "case: the 502 fired (stripped leg, no KV after prefill)"
-HASHLESS_DROPPED: Final = "case: hash-less batch dropped from a built stripped leg"
+HASHLESS_DROPPED: Final = "case: an empty hash-less batch dropped from a built stripped leg"
+UNIDENTIFIED_REFUSED: Final = "case: media without content hashes refused (no identity)"
 
 
 def request_cases(request: Request) -> list[str]:
@@ -412,6 +415,8 @@ def decision_cases(request: Request, worker: WorkerCapability) -> list[str]:
         sequential_pd_decode_form(request, worker)
     except MropeOnLanguageModelOnlyDecode:
         return cases  # the first carve-out ended it (or the metadata path's refusal)
+    except MissingMediaIdentity:
+        cases.append(UNIDENTIFIED_REFUSED)  # after every carve-out
     except PolicyError:
         pass  # a later carve-out: past the first
     else:

@@ -27,6 +27,9 @@ CONTRACT = {
     "pd_prefill_missing_encoder_output": 502,
     "multimodal_not_supported": 400,
     "pd_invalid_request": 400,
+    "pd_media_refused": 400,
+    "pd_media_fetch_failed": 422,
+    "pd_decode_missing_media_identity": 400,
 }
 
 
@@ -47,11 +50,15 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
         "encode_stream_error",
         "no_decode_worker_available",
         "pd_invalid_configuration",
+        "pd_media_unreachable",
     }
     assert ERROR_CATALOG["pd_invalid_configuration"].status == 500
     assert not ERROR_CATALOG["pd_invalid_configuration"].retryable
     assert ERROR_CATALOG["no_decode_worker_available"].status == 503
     assert ERROR_CATALOG["no_decode_worker_available"].retryable
+    # A media host that did not answer may answer later; nothing else about media will.
+    assert ERROR_CATALOG["pd_media_unreachable"].status == 504
+    assert ERROR_CATALOG["pd_media_unreachable"].retryable
 
 
 def test_every_leg_a_worker_can_fail_has_its_catalog_rows() -> None:

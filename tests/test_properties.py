@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 
+import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ from pd_policy import (
     DecodeForm,
     MediaRefsOnLanguageModelOnlyDecode,
     MissingKvTransferParams,
+    MissingMediaIdentity,
     Modality,
     MropeOnLanguageModelOnlyDecode,
     NSamplesOnLanguageModelOnlyDecode,
@@ -34,6 +36,7 @@ from pd_policy import (
     request_from_json,
     request_to_json,
     sequential_pd_decode_form,
+    unidentified_media,
 )
 from pd_policy.tools.outcome import PrefillResult
 from strategies import (
@@ -191,6 +194,8 @@ def test_carve_outs_fire_in_the_contracts_order(request: Request) -> None:
         expected = MediaRefsOnLanguageModelOnlyDecode
     elif request.n > 1 and request.batches:
         expected = NSamplesOnLanguageModelOnlyDecode
+    elif unidentified_media(request) is not None:
+        expected = MissingMediaIdentity  # after every carve-out
     else:
         expected = None
     try:
@@ -206,6 +211,14 @@ def test_carve_outs_fire_in_the_contracts_order(request: Request) -> None:
 def test_a_vision_capable_worker_never_gets_a_carve_out(
     request: Request, support: VisionSupport
 ) -> None:
+    unnamed = any(
+        not b.mm_hashes and (b.carries_payload or b.placeholders) for b in request.batches
+    )
+    if request.n <= 1 and unnamed:
+        # Not a carve-out: no worker can take the KV for media it cannot tell apart.
+        with pytest.raises(MissingMediaIdentity):
+            sequential_pd_decode_form(request, WorkerCapability(support))
+        return
     form = sequential_pd_decode_form(request, WorkerCapability(support))
     assert form is (DecodeForm.IDENTITY_ONLY if request.n <= 1 else DecodeForm.FULL)
 

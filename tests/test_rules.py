@@ -15,6 +15,7 @@ from hypothesis import given
 from pd_policy import (
     DecodeForm,
     MediaRefsOnLanguageModelOnlyDecode,
+    MissingMediaIdentity,
     MropeOnLanguageModelOnlyDecode,
     NSamplesOnLanguageModelOnlyDecode,
     PolicyError,
@@ -24,6 +25,7 @@ from pd_policy import (
     has_mrope_grids,
     mrope_metadata_gap,
     sequential_pd_decode_form,
+    unidentified_media,
 )
 from strategies import decision_cases, note, requests, workers
 
@@ -34,11 +36,15 @@ NS = (0, 1, 2, 2**32 - 1)
 
 
 def contract(
-    *, lm_only: bool, n: int, grids: bool, refs: bool, mm: bool, metadata: bool, gap: bool
-) -> Expected:
+    *, lm_only: bool, n: int, grids: bool, refs: bool, mm: bool, metadata: bool, gap: bool,
+    unidentified: bool,
+) -> Expected:  # fmt: skip
     """The contract, read as a flat list of rules: the first that applies decides."""
     several = n > 1
     rules: list[tuple[bool, Expected]] = [
+        # A leg that takes the prefill's KV for media it cannot name would share the decode
+        # worker's cache across different media.
+        (not lm_only and not several and unidentified, MissingMediaIdentity),
         (not lm_only and not several, DecodeForm.IDENTITY_ONLY),
         (not lm_only, DecodeForm.FULL),  # decode recomputes: no handoff for n>1
         (grids and not metadata, MropeOnLanguageModelOnlyDecode),  # 1st carve-out
@@ -46,6 +52,7 @@ def contract(
         (several and (mm or grids), NSamplesOnLanguageModelOnlyDecode),  # 3rd
         (grids and gap, MropeOnLanguageModelOnlyDecode),  # metadata incomplete: says what
         (grids, DecodeForm.MROPE_METADATA),
+        (unidentified, MissingMediaIdentity),
     ]
     return next((outcome for applies, outcome in rules if applies), DecodeForm.TEXT_PLUS_HASHES)
 
@@ -58,6 +65,7 @@ def decided(**facts: bool | int) -> Expected:
             has_mrope_grids=bool(facts["grids"]), has_media_refs=bool(facts["refs"]),
             has_mm_inputs=bool(facts["mm"]), takes_mm_metadata=bool(facts["metadata"]),
             metadata_gap=GAP if gap else None,
+            unidentified="batches[0].mm_hashes" if facts["unidentified"] else None,
         )  # fmt: skip
     except PolicyError as exc:
         assert exc.status == 400 and not exc.retryable
@@ -66,7 +74,7 @@ def decided(**facts: bool | int) -> Expected:
         return type(exc)
 
 
-NAMES = ("lm_only", "grids", "refs", "mm", "metadata", "gap")
+NAMES = ("lm_only", "grids", "refs", "mm", "metadata", "gap", "unidentified")
 COMBINATIONS = [
     dict(zip(NAMES, flags, strict=True), n=n)
     for flags in itertools.product((False, True), repeat=len(NAMES))
@@ -89,6 +97,7 @@ def test_every_outcome_is_reached_by_some_combination() -> None:
         MropeOnLanguageModelOnlyDecode,
         MediaRefsOnLanguageModelOnlyDecode,
         NSamplesOnLanguageModelOnlyDecode,
+        MissingMediaIdentity,
     }
 
 
@@ -103,6 +112,7 @@ def test_a_request_is_decided_by_the_contract_over_its_own_facts(
         lm_only=worker.language_model_only, n=request.n, grids=grids,
         refs=bool(request.media_refs), mm=bool(request.batches), metadata=metadata,
         gap=metadata and grids and mrope_metadata_gap(request) is not None,
+        unidentified=unidentified_media(request) is not None,
     )  # fmt: skip
     try:
         assert sequential_pd_decode_form(request, worker) is expected

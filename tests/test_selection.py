@@ -88,12 +88,10 @@ def test_selection_is_linear_with_a_decision_per_kind(
         contextlib.suppress(PolicyError),
     ):
         select_decode_workers(request, candidates)
-    # One decision per kind of language-model-only worker: with and without metadata.
-    assert decide.call_count <= len({metadata for lm_only, metadata in flags if lm_only})
-    # Each worker is read once: whether it is language-model-only, and if so, its kind.
-    assert all(
-        w.reads == (2 if lm_only else 1) for w, (lm_only, _) in zip(stand_ins, flags, strict=True)
-    )
+    # One decision per kind of worker: vision, language-model-only with and without metadata.
+    assert decide.call_count <= len(set(flags))
+    # Each worker is read once: its kind.
+    assert all(w.reads == 2 for w in stand_ins)
 
 
 def test_a_capable_worker_is_preferred_over_a_refusal() -> None:

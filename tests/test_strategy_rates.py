@@ -41,6 +41,7 @@ from strategies import (
     HASHLESS_DROPPED,
     PAST_FIRST_CARVE_OUT,
     PLACEHOLDERS_NO_PAYLOAD,
+    UNIDENTIFIED_REFUSED,
     decision_cases,
     handoffs,
     request_cases,
@@ -67,6 +68,8 @@ TOKENIZED_GRIDLESS: Final = "reach: a grid-less batch on tokenized input"
 LM_ONLY_MULTIMODAL: Final = "reach: multimodal batches on a language-model-only worker"
 STRIPPED_BUILT: Final = "reach: a stripped leg built from multimodal batches"
 HANDOFF_CHECKED: Final = "reach: the post-prefill check"
+#: Only a request that no carve-out refuses can reach the refusal of unnamed media.
+PAST_CARVE_OUTS: Final = "reach: a grid-less, reference-less, single-sample multimodal request"
 ALL: Final = "examples"
 
 
@@ -134,6 +137,9 @@ def decision_labels(example: tuple[Request, WorkerCapability]) -> list[str]:
     labels = decision_cases(request, worker)
     if worker.language_model_only and request.batches:
         labels.append(LM_ONLY_MULTIMODAL)
+        grids = any(MROPE_GRID_KEYS & set(b.tensor_names) for b in request.batches)
+        if not grids and not request.media_refs and request.n <= 1:
+            labels.append(PAST_CARVE_OUTS)
         try:
             form, _ = build_decode_leg(request, worker)
         except PolicyError:
@@ -147,7 +153,11 @@ def test_language_model_only_workers_get_past_the_first_carve_out() -> None:
     counts = measure(st.tuples(requests(), workers), decision_labels)
     check(
         counts,
-        [(PAST_FIRST_CARVE_OUT, LM_ONLY_MULTIMODAL), (HASHLESS_DROPPED, STRIPPED_BUILT)],
+        [
+            (PAST_FIRST_CARVE_OUT, LM_ONLY_MULTIMODAL),
+            (HASHLESS_DROPPED, STRIPPED_BUILT),
+            (UNIDENTIFIED_REFUSED, PAST_CARVE_OUTS),
+        ],
     )
 
 

@@ -40,7 +40,12 @@ from .connectors import (
     mint_transfer_id,
     plan_kv_handoff,
 )
-from .decision import DecodeForm, decide_decode_form, sequential_pd_decode_form
+from .decision import (
+    DecodeForm,
+    decide_decode_form,
+    sequential_pd_decode_form,
+    unidentified_media,
+)
 from .encoder_cache import (
     EC_ROLE_LABEL,
     EncoderCacheRole,
@@ -218,6 +223,7 @@ __all__ = [
     "select_encoder_workers",
     "select_prefill_workers",
     "sequential_pd_decode_form",
+    "unidentified_media",
     "upstream_cache_salt",
     "upstream_decode_cache_salt",
     "worker_from_json",

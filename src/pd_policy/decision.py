@@ -9,11 +9,12 @@ from .errors import (
     MropeOnLanguageModelOnlyDecode,
     NSamplesOnLanguageModelOnlyDecode,
 )
+from .media_errors import MissingMediaIdentity
 from .mrope import has_mrope_grids, mrope_metadata_gap
 from .request import Request
 from .worker import WorkerCapability
 
-__all__ = ["DecodeForm", "decide_decode_form", "sequential_pd_decode_form"]
+__all__ = ["DecodeForm", "decide_decode_form", "sequential_pd_decode_form", "unidentified_media"]
 
 
 class DecodeForm(enum.Enum):
@@ -39,6 +40,7 @@ def decide_decode_form(
     has_mm_inputs: bool,
     takes_mm_metadata: bool = False,
     metadata_gap: MropeOnLanguageModelOnlyDecode | None = None,
+    unidentified: str | None = None,
 ) -> DecodeForm:
     """The decision of [`sequential_pd_decode_form`][pd_policy.decision.sequential_pd_decode_form],
     over the facts it reads.
@@ -49,12 +51,19 @@ def decide_decode_form(
     multimodal metadata
     ([`takes_mm_metadata`][pd_policy.worker.WorkerCapability.takes_mm_metadata]);
     ``metadata_gap``: what [`mrope_metadata_gap`][pd_policy.mrope.mrope_metadata_gap] found
-    missing for such a worker (``None``: nothing). Raises the same carve-out
-    errors, in the same order.
+    missing for such a worker (``None``: nothing). ``unidentified``: where the first
+    batch that carries media without content hashes is (its ``mm_hashes`` field, as the
+    adapter names it), or ``None``
+    ([`unidentified_media`][pd_policy.decision.unidentified_media]). Raises the same
+    carve-out errors, in the same order.
     """
     relay_kv = n <= 1
     if not language_model_only:
-        return DecodeForm.IDENTITY_ONLY if relay_kv else DecodeForm.FULL
+        if not relay_kv:
+            return DecodeForm.FULL
+        if unidentified is not None:
+            raise MissingMediaIdentity(param=unidentified)
+        return DecodeForm.IDENTITY_ONLY
     if has_mrope_grids:
         if not takes_mm_metadata:
             raise MropeOnLanguageModelOnlyDecode()
@@ -70,7 +79,24 @@ def decide_decode_form(
         raise MediaRefsOnLanguageModelOnlyDecode()
     if not relay_kv and has_mm_inputs:
         raise NSamplesOnLanguageModelOnlyDecode()
+    if unidentified is not None:
+        raise MissingMediaIdentity(param=unidentified)
     return DecodeForm.TEXT_PLUS_HASHES
+
+
+def unidentified_media(request: Request) -> str | None:
+    """Where the first batch is that carries media (pixels, tensors or placeholders) but no
+    content hashes (``batches[i].mm_hashes``), or ``None``.
+
+    Such a batch has no identity: the stripped and identity-only legs drop it whole
+    ([`clone_without_mm`][pd_policy.legs.clone_without_mm], as upstream does), so the
+    decode worker would take the prefill's KV for its items under ids alone, and serve it
+    to the next request whose media differs. A batch with nothing at all is no media.
+    """
+    for i, batch in enumerate(request.batches):
+        if not batch.mm_hashes and (batch.carries_payload or batch.placeholders):
+            return f"batches[{i}].mm_hashes"
+    return None
 
 
 def sequential_pd_decode_form(request: Request, decode_worker: WorkerCapability) -> DecodeForm:
@@ -93,7 +119,11 @@ def sequential_pd_decode_form(request: Request, decode_worker: WorkerCapability)
     3. n>1 with multimodal batches:
        [`NSamplesOnLanguageModelOnlyDecode`][pd_policy.errors.NSamplesOnLanguageModelOnlyDecode].
 
-    All of them are non-retryable 400s.
+    Beyond upstream, a leg that would take the prefill's KV (``IDENTITY_ONLY``,
+    ``TEXT_PLUS_HASHES``) for a batch that carries media without content hashes is
+    refused with [`MissingMediaIdentity`][pd_policy.media_errors.MissingMediaIdentity]
+    (see [`unidentified_media`][pd_policy.decision.unidentified_media]), after the
+    carve-outs. All of them are non-retryable 400s.
     """
     grids = has_mrope_grids(request)
     metadata = decode_worker.takes_mm_metadata
@@ -105,4 +135,5 @@ def sequential_pd_decode_form(request: Request, decode_worker: WorkerCapability)
         has_mm_inputs=request.has_mm_inputs,
         takes_mm_metadata=metadata,
         metadata_gap=mrope_metadata_gap(request) if metadata and grids else None,
+        unidentified=unidentified_media(request),
     )

@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 
 import attrs
 
-from .decision import decide_decode_form
+from .decision import decide_decode_form, unidentified_media
 from .errors import MultimodalNotSupported, NoDecodeWorkerAvailable, PolicyError
 from .mrope import has_mrope_grids, mrope_metadata_gap
 from .request import Request
@@ -45,8 +45,8 @@ def select_decode_workers(
     [`pd_policy.sequential_pd_decode_form`][pd_policy.decision.sequential_pd_decode_form]
     would not raise for it. The decision depends on the worker only through
     whether it is language-model-only and whether it takes multimodal metadata,
-    so it is made at most once for each of the two kinds of language-model-only
-    worker; each candidate costs one read of its capability.
+    so it is made at most once for each kind of worker; each candidate costs one
+    read of its capability.
 
     Raises, when no candidate can serve the request, the carve-out error that
     explains why (for the first candidate in the caller's order), before any
@@ -55,40 +55,37 @@ def select_decode_workers(
     """
     if not candidates:
         raise NoDecodeWorkerAvailable()
-    refusals: dict[bool, PolicyError | None] = {}
+    refusals: dict[tuple[bool, bool], PolicyError | None] = {}
     first_refusal: PolicyError | None = None
     chosen: list[DecodeCandidate[T]] = []
     for candidate in candidates:
         worker = candidate.worker
-        if not worker.language_model_only:
-            chosen.append(candidate)
-            continue
-        metadata = worker.takes_mm_metadata
-        if metadata not in refusals:
-            refusals[metadata] = _refusal(request, takes_mm_metadata=metadata)
-        refusal = refusals[metadata]
+        kind = (worker.language_model_only, worker.takes_mm_metadata)
+        if kind not in refusals:
+            refusals[kind] = _refusal(request, language_model_only=kind[0], metadata=kind[1])
+        refusal = refusals[kind]
         if refusal is None:
             chosen.append(candidate)
         elif first_refusal is None:
             first_refusal = refusal
     if not chosen:
-        assert first_refusal is not None  # every candidate was language-model-only and refused
+        assert first_refusal is not None  # every candidate refused
         raise first_refusal
     return chosen
 
 
-def _refusal(request: Request, *, takes_mm_metadata: bool) -> PolicyError | None:
+def _refusal(request: Request, *, language_model_only: bool, metadata: bool) -> PolicyError | None:
     grids = has_mrope_grids(request)
-    metadata = takes_mm_metadata and grids
     try:
         decide_decode_form(
-            language_model_only=True,
+            language_model_only=language_model_only,
             n=request.n,
             has_mrope_grids=grids,
             has_media_refs=bool(request.media_refs),
             has_mm_inputs=request.has_mm_inputs,
-            takes_mm_metadata=takes_mm_metadata,
-            metadata_gap=mrope_metadata_gap(request) if metadata else None,
+            takes_mm_metadata=metadata,
+            metadata_gap=mrope_metadata_gap(request) if metadata and grids else None,
+            unidentified=unidentified_media(request),
         )
     except PolicyError as exc:
         return exc

@@ -39,6 +39,9 @@ class WireFacts(NamedTuple):
     has_media_refs: bool
     #: Some batch has an M-RoPE grid key, payload or not.
     has_mrope_grids: bool
+    #: The first batch that carries media without content hashes (its ``mm_hashes`` path),
+    #: or ``None`` ([`pd_policy.unidentified_media`][pd_policy.decision.unidentified_media]).
+    unidentified: str | None = None
 
 
 def _fail(param: str, message: str) -> MalformedRequest:
@@ -75,11 +78,16 @@ class Scanned(NamedTuple):
     extras: list[pb.MultimodalInputs]
     #: Each batch's content hashes: the primary's first (when set), then the extras'.
     hashes: list[list[str]]
+    #: See [`WireFacts.unidentified`][pd_policy_grpc.facts.WireFacts].
+    unidentified: str | None = None
 
     @property
     def facts(self) -> WireFacts:
         """The facts alone."""
-        return WireFacts(self.n, self.has_mm_inputs, self.has_media_refs, self.has_mrope_grids)
+        return WireFacts(
+            self.n, self.has_mm_inputs, self.has_media_refs, self.has_mrope_grids,
+            self.unidentified,
+        )  # fmt: skip
 
 
 def scan(request: pb.GenerateRequest, *, check: bool = True) -> Scanned:
@@ -104,6 +112,7 @@ def scan(request: pb.GenerateRequest, *, check: bool = True) -> Scanned:
     refs = request.HasField("media_refs") and len(request.media_refs.items) > 0
     hashes = []
     grids = False
+    unidentified = None
     n_ids = _check_input(request, refs, bool(batches)) if check else 0
     index = -1 if primary is not None else 0  # the primary is "mm_inputs", extras count from 0
     for batch in batches:
@@ -129,6 +138,8 @@ def scan(request: pb.GenerateRequest, *, check: bool = True) -> Scanned:
         if not grids:
             tensors = batch.model_specific_tensors
             grids = bool(tensors) and any(key in MROPE_GRID_KEYS for key in tensors)
+        if unidentified is None and not batch_hashes and _carries_media(batch):
+            unidentified = f"{_batch_path(index)}.mm_hashes"
         index += 1
     if (
         check
@@ -144,7 +155,16 @@ def scan(request: pb.GenerateRequest, *, check: bool = True) -> Scanned:
     ):
         raise _fail("kv_transfer_params.remote_port", "must be a port in 0..65535")
     n = request.sampling_params.n
-    return Scanned(n, bool(batches), refs, grids, primary, extras, hashes)
+    return Scanned(n, bool(batches), refs, grids, primary, extras, hashes, unidentified)
+
+
+def _carries_media(batch: pb.MultimodalInputs) -> bool:
+    # Presence only: under upb, reading a payload copies it.
+    return (
+        batch.HasField("pixel_values")
+        or len(batch.model_specific_tensors) > 0
+        or len(batch.mm_placeholders) > 0
+    )
 
 
 def read_facts(request: pb.GenerateRequest, *, check: bool = True) -> WireFacts:

@@ -174,6 +174,7 @@ def _decide(
         has_mm_inputs=facts.has_mm_inputs,
         takes_mm_metadata=metadata,
         metadata_gap=gap,
+        unidentified=facts.unidentified,
     )
 
 

@@ -19,6 +19,7 @@ from pd_policy.tools.scenarios import (
 from pd_policy.worker import Support, WorkerCapability
 
 from .check_cases import check_cases as _check_cases
+from .media_cases import media_cases
 
 __all__ = ["ADVERSARIAL", "WORKERS", "all_cases"]
 
@@ -130,9 +131,12 @@ def all_cases() -> list[dict[str, Any]]:
     video = MultimodalBatch(modality=Modality.VIDEO, mm_hashes=("h-vid-1", "h-vid-2"))
     audio = MultimodalBatch(modality=Modality.AUDIO, mm_hashes=("h-aud",))
     legs = {
-        "hashless_primary_dropped": (hashless, video),
+        # Media without hashes has no identity: refused wherever the decode takes the KV.
+        "hashless_primary_refused": (hashless, video),
         "extras_keep_order_and_modality": (batch, video, audio),
-        "hashless_only": (hashless,),
+        "hashless_only_refused": (hashless,),
+        # A batch with nothing in it is no media: dropped whole.
+        "empty_primary_dropped": (MultimodalBatch(), video),
     }
     for name, batches in legs.items():
         request = Request("legs", input_ids=ids, batches=batches, kv_transfer_params=NIXL)
@@ -234,4 +238,5 @@ def all_cases() -> list[dict[str, Any]]:
             decode_worker=lm_only,
         )
     _check_cases(add, shapes)
+    media_cases(add)
     return cases

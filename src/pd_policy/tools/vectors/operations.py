@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final
 
 from pd_policy.batch import Modality
 from pd_policy.codec import request_from_json, request_to_json, worker_from_json
@@ -27,35 +27,10 @@ from pd_policy.worker import WorkerCapability
 
 __all__ = ["OPERATIONS", "run_case"]
 
-T = TypeVar("T")
-_MISSING: Final = object()
-_KINDS: Final = {
-    dict: "an object",
-    list: "a list",
-    str: "a string",
-    int: "an integer",
-    bool: "a boolean",
-}
-
-
-def _error(exc: PolicyError) -> dict[str, Any]:
-    return {"status": exc.status, "error_code": exc.code, "error_param": exc.param}
-
-
-def _field(case: Mapping[str, Any], key: str, kind: type[T], *, default: Any = _MISSING) -> T:
-    """``case[key]``, a ``kind``; a missing or ill-typed field is the document's fault."""
-    if key not in case:
-        if default is _MISSING:
-            raise MalformedRequest("missing required field", param=key)
-        return cast(T, default)
-    value = case[key]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise MalformedRequest(f"must be {_KINDS.get(kind, kind.__name__)}", param=key)
-    return value
-
-
-def _opt_field(case: Mapping[str, Any], key: str, kind: type[T]) -> T | None:
-    return None if case.get(key) is None else _field(case, key, kind)
+from .media_operations import MEDIA_OPERATIONS
+from .reading import error as _error
+from .reading import field as _field
+from .reading import opt_field as _opt_field
 
 
 def _plan_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
@@ -216,6 +191,7 @@ OPERATIONS: Final[dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]]] = {
     "worker_guard": _guard_outcome,
     "fold_salt": _salt_outcome,
     "epd_prefill": _epd_prefill_outcome,
+    **MEDIA_OPERATIONS,
 }
 
 
