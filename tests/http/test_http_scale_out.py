@@ -235,3 +235,16 @@ def test_the_derender_calls_carry_the_prompt_and_the_output() -> None:
     chunk = leg.derender.chunk({"choices": []}, {"s": 1})
     assert chunk["stream"] is True and chunk["stream_state"] == {"s": 1}
     assert chunk["chat_request"]["stream"] is True
+
+
+def test_the_client_gets_the_prompt_ids_it_asked_for_which_the_derender_leaves_out() -> None:
+    render = render_response()
+    _, leg = through(chat(return_token_ids=True), render, prefill_answer(render))
+    assert leg.derender is not None
+    # vLLM 0.32's derender answers "prompt_token_ids": null; a plain server sends the ids.
+    filled = leg.derender.with_prompt_ids({"choices": [], "prompt_token_ids": None})
+    assert filled["prompt_token_ids"] == render["token_ids"]
+    assert leg.derender.with_prompt_ids({"prompt_token_ids": [9]}) == {"prompt_token_ids": [9]}
+    _, plain = through(chat(), render, prefill_answer(render))
+    assert plain.derender is not None
+    assert plain.derender.with_prompt_ids({"prompt_token_ids": None}) == {"prompt_token_ids": None}

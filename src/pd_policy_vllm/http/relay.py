@@ -88,6 +88,7 @@ async def _derendered(
     request_id: str,
 ) -> AsyncIterator[bytes]:
     state = None
+    first = True
     async for data in _events(up):
         if data == b"[DONE]":
             break
@@ -98,7 +99,8 @@ async def _derendered(
         if not isinstance(answer, dict) or "chunk" not in answer:
             raise WorkerStreamError("decode", detail="the derender gave no chunk", http_status=502)
         state = answer.get("stream_state")
-        yield dumps(answer["chunk"])
+        yield dumps(derender.with_prompt_ids(answer["chunk"]) if first else answer["chunk"])
+        first = False
     yield b"[DONE]"
 
 
@@ -127,6 +129,7 @@ async def relay_decode(
                     answer = await post_json(
                         session, "decode", url + leg.derender.route, whole, request_id
                     )
+                    answer = leg.derender.with_prompt_ids(answer)
                     return web.Response(body=dumps(answer), content_type=_JSON)
                 # The worker's answer is the client's, byte for byte: no parse, no dump.
                 return web.Response(body=raw, content_type=_JSON)

@@ -215,6 +215,17 @@ class Derender:
         return {**self.template, "chat_request": chat, "stream": False,
                 "generate_response": response}  # fmt: skip
 
+    def with_prompt_ids(self, answer: Any) -> Any:
+        """``answer`` (a derendered completion, or the first chunk of a stream) with the
+        prompt's ids, when the client asked for them (``return_token_ids``) and the
+        derender left them out, as vLLM 0.32's does: a plain server sends them."""
+        chat = self.template["chat_request"]
+        if not (chat.get("return_token_ids") and isinstance(answer, dict)):
+            return answer
+        if answer.get("prompt_token_ids") is not None:
+            return answer
+        return {**answer, "prompt_token_ids": self.template["prompt_token_ids"]}
+
     def chunk(self, chunk: Any, state: Any) -> dict[str, Any]:
         """The derender request for one streamed generate chunk, with the state the last
         call returned (``None`` first)."""
