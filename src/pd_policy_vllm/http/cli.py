@@ -42,7 +42,7 @@ from .proxy import Proxy
 from .scale_out import DERENDER, GENERATE, RENDER
 from .workers import HttpWorker, capability_from_config, media_from_config, prefill_kv_from_config
 
-__all__ = ["main", "read_encoder", "read_workers"]
+__all__ = ["main", "parser", "read_encoder", "read_workers"]
 
 logger = logging.getLogger("pd_policy_vllm.http")
 
@@ -177,59 +177,60 @@ async def read_encoder(args: argparse.Namespace, prefill: HttpWorker) -> HttpWor
     return HttpWorker(args.encode, capability, renders=True)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pd-policy-proxy", description=__doc__.splitlines()[0])
-    parser.add_argument("--prefill", required=True, help="the prefill worker's base URL")
-    parser.add_argument(
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``pd-policy-proxy`` (what its flags mean, and their defaults)."""
+    cli = argparse.ArgumentParser(prog="pd-policy-proxy", description=__doc__.splitlines()[0])
+    cli.add_argument("--prefill", required=True, help="the prefill worker's base URL")
+    cli.add_argument(
         "--decode", required=True, action="append", help="a decode worker's base URL (repeat)"
     )
-    parser.add_argument(
+    cli.add_argument(
         "--encode",
         help="an encoder-only worker's base URL (vLLM's ec_producer): runs E/P/D for media",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port to bind (8000)")
-    mrope = parser.add_mutually_exclusive_group()
+    cli.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    cli.add_argument("--port", type=int, default=8000, help="port to bind (8000)")
+    mrope = cli.add_mutually_exclusive_group()
     mrope.add_argument("--mrope", action="store_true", default=None, help="the model uses M-RoPE")
     mrope.add_argument("--no-mrope", dest="mrope", action="store_false", help="it does not")
-    parser.add_argument(
+    cli.add_argument(
         "--kv-mode",
         choices=[m.value for m in KvConnectorMode],
         help="the prefill's handoff contract, when its server does not say (or to override)",
     )
-    parser.add_argument("--bootstrap-port", type=int, help="the Mooncake bootstrap port (8998)")
-    parser.add_argument(
+    cli.add_argument("--bootstrap-port", type=int, help="the Mooncake bootstrap port (8998)")
+    cli.add_argument(
         "--decode-capability",
         choices=sorted(_CAPABILITIES),
         help="the capability of a decode worker that does not describe itself",
     )
-    parser.add_argument(
+    cli.add_argument(
         "--remote-media",
         choices=[m.value for m in RemoteMedia],
         help="what to do with a remote media URL: fetch it once for every leg (the default "
         "when the prefill describes its media rules), leave it uncached (the default "
         "otherwise), or refuse it",
     )
-    parser.add_argument(
+    cli.add_argument(
         "--allowed-media-domains",
         nargs="*",
         metavar="HOST",
         help="the prefill worker's --allowed-media-domains, when its server does not say "
         "(none: any host); with it the proxy may fetch remote media for the worker",
     )
-    parser.add_argument(
+    cli.add_argument(
         "--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers"
     )
-    parser.add_argument(
+    cli.add_argument(
         "--no-access-log", dest="access_log", action="store_false", help="log no requests"
     )
-    return parser
+    return cli
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the proxy until interrupted. Exit status 2 for a configuration it cannot serve."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         prefill, decode = asyncio.run(read_workers(args))
         encoder = asyncio.run(read_encoder(args, prefill))

@@ -10,7 +10,6 @@ where a test reads the legs it sends, in this process with a recording trace.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import urllib.request
@@ -28,7 +27,7 @@ from servers import running
 
 from pd_policy import KvConnectorMode, PrefillKv
 from pd_policy_vllm.http import HttpWorker, capability_from_config, prefill_kv_from_config
-from pd_policy_vllm.http.cli import read_workers
+from pd_policy_vllm.http.cli import parser, read_workers
 from pd_policy_vllm.http.proxy import Proxy
 
 
@@ -99,10 +98,7 @@ def test_the_proxy_reads_each_worker_from_its_server(fleet: Fleet) -> None:
     assert fleet.prefill_worker.kv.mode is KvConnectorMode.NIXL  # the TransferConnector
     # As the proxy reads them at start-up: without --enable-scale-out there is no
     # metadata path, so the decode worker is served as plainly language-model-only.
-    args = argparse.Namespace(
-        prefill=fleet.prefill, decode=[fleet.decode], kv_mode=None, bootstrap_port=None,
-        decode_capability=None, startup_timeout=30.0,
-    )  # fmt: skip
+    args = parser().parse_args(["--prefill", fleet.prefill, "--decode", fleet.decode])
     prefill, (decode,) = asyncio.run(read_workers(args))
     assert not prefill.renders and not decode.renders
     assert decode.capability.language_model_only and not decode.capability.takes_mm_metadata

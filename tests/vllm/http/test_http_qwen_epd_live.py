@@ -9,7 +9,6 @@ log-probabilities must equal one full-vision server's, for images A, B, A.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from http_peers import InProcessProxy, http_json
 from qwen_prompts import _WORDS, A, B
 
 from pd_policy import EncoderCacheRole
-from pd_policy_vllm.http.cli import read_encoder, read_workers
+from pd_policy_vllm.http.cli import parser, read_encoder, read_workers
 from pd_policy_vllm.http.scale_out import GENERATE, RENDER
 
 IMAGES = {"A": A, "B": B}
@@ -40,10 +39,9 @@ def body(name: str, variant: str) -> dict[str, Any]:
 
 
 def test_the_proxy_reads_every_role_from_the_servers(fleet: EpdFleet) -> None:
-    args = argparse.Namespace(
-        prefill=fleet.prefill, decode=[fleet.decode], kv_mode=None, bootstrap_port=None,
-        decode_capability=None, startup_timeout=30.0, encode=fleet.encoder,
-    )  # fmt: skip
+    args = parser().parse_args(
+        ["--prefill", fleet.prefill, "--decode", fleet.decode, "--encode", fleet.encoder]
+    )
     prefill, (decode,) = asyncio.run(read_workers(args))
     encoder = asyncio.run(read_encoder(args, prefill))
     assert encoder is not None and encoder.capability.encoder_cache is EncoderCacheRole.PRODUCER

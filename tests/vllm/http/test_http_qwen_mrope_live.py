@@ -11,7 +11,6 @@ and derenders for the client.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import urllib.request
@@ -28,7 +27,7 @@ from servers import running
 
 from pd_policy import Support, WorkerCapability
 from pd_policy_vllm.http import HttpWorker
-from pd_policy_vllm.http.cli import read_workers
+from pd_policy_vllm.http.cli import parser, read_workers
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.http.scale_out import DERENDER, GENERATE, RENDER
 
@@ -97,10 +96,7 @@ def chat(url: str, name: str, variant: str, *, stream: bool = False) -> list[int
 
 
 def test_the_proxy_learns_the_metadata_path_from_the_servers(qwen_fleet: QwenFleet) -> None:
-    args = argparse.Namespace(
-        prefill=qwen_fleet.prefill, decode=[qwen_fleet.decode], kv_mode=None,
-        bootstrap_port=None, decode_capability=None, startup_timeout=30.0,
-    )  # fmt: skip
+    args = parser().parse_args(["--prefill", qwen_fleet.prefill, "--decode", qwen_fleet.decode])
     prefill, (decode,) = asyncio.run(read_workers(args))
     assert prefill.renders and decode.renders
     assert decode.capability.language_model_only and decode.capability.takes_mm_metadata
