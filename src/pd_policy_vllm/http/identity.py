@@ -38,7 +38,7 @@ from pd_policy import (
 from .codec import canonical
 from .media import MediaPart, media_parts
 
-__all__ = ["WorkerMedia", "part_identities", "request_factors", "uncached_parts"]
+__all__ = ["WorkerMedia", "part_basis", "part_identities", "request_factors", "uncached_parts"]
 
 
 def _objects(value: object, param: str) -> dict[str, Any]:
@@ -92,6 +92,16 @@ def _content_digest(part: MediaPart) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
+def part_basis(part: MediaPart, *, fetches: bool = False, renders: bool = False) -> IdentityBasis:
+    """The basis of ``part``'s identity on a path where the proxy ``fetches`` remote items
+    itself ([`pin`][pd_policy_vllm.http.pin]) and where a worker ``renders`` the request
+    first (the metadata path and E/P/D: the worker that fetched an item names it)."""
+    pinned = fetches and part.source is MediaSource.REMOTE and part.uuid is None
+    return identity_basis(
+        part.source, has_uuid=part.uuid is not None, pinned=pinned, worker_hashes=renders
+    )
+
+
 def part_identities(
     body: Mapping[str, Any],
     parts: tuple[MediaPart, ...],
@@ -110,7 +120,8 @@ def part_identities(
     out = []
     for index, part in enumerate(parts):
         factors = media.factors(part.modality, request)
-        basis = identity_basis(part.source, has_uuid=part.uuid is not None)
+        # A remote item the proxy fetched arrives here inline: its basis is its bytes.
+        basis = part_basis(part)
         if basis is IdentityBasis.CLIENT:
             assert part.uuid is not None
             value = part.uuid
