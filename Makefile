@@ -75,6 +75,7 @@ docs-tables: $(VENV)/.core
 	$(VENV)/bin/pd-policy tables errors --write docs/errors.md
 	$(VENV)/bin/pd-policy tables connectors --write docs/grpc.md
 	$(PY) -m pd_policy_vllm.http.tables --write docs/http.md
+	$(PY) -m pd_policy_vllm.http.identity_table --write docs/index.md
 
 clean:
 	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis

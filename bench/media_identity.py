@@ -10,7 +10,7 @@ run:
   ``data:`` URL (``pin_remote_media``), against the base64 encoding alone, which any
   proxy that sends bytes on must do.
 
-Run alone: ``python bench/media_identity.py [--quick]``.
+Run alone: ``python bench/media_identity.py [--quick] [--write docs/performance.md]``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -29,6 +30,7 @@ from aiohttp import web
 from measuring import median_seconds
 
 from pd_policy import MediaFetchRules
+from pd_policy.tools.tables import splice
 from pd_policy_vllm.http.codec import loads
 from pd_policy_vllm.http.identity import WorkerMedia, part_identities
 from pd_policy_vllm.http.media import media_parts
@@ -112,10 +114,20 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: The generated block's name in ``docs/performance.md``.
+NAME = "performance-media"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    print(table(measure(parser.parse_args().quick)))
+    parser.add_argument("--write", type=Path, help="splice the table into this document")
+    args = parser.parse_args()
+    rendered = table(measure(args.quick))
+    print(rendered)
+    if args.write is not None:
+        text = splice(args.write.read_text(encoding="utf-8"), NAME, rendered)
+        args.write.write_text(text, encoding="utf-8")
     return 0
 
 

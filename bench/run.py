@@ -7,7 +7,8 @@ proxy (``bench/http_proxy.py``), ``SequentialPd`` under load (``bench/grpc_load.
 router's whole hop on messages and on bytes (``bench/byte_hop.py``) are measured too, unless
 skipped.
 
-Run: ``python bench/run.py [--quick] [--no-docs] [--no-proxy] [--no-grpc-load] [--no-byte-hop]``.
+Run: ``python bench/run.py [--quick] [--no-docs] [--no-proxy] [--no-grpc-load] [--no-byte-hop]
+[--no-media]``. The media identity bench (``bench/media_identity.py``) runs too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import byte_hop  # bench/, beside this script
 import google.protobuf
 import grpc_load  # bench/, beside this script
 import http_proxy  # bench/, beside this script
+import media_identity  # bench/, beside this script
 from measuring import median_seconds, paired_ratio, verdicts
 from wire_requests import KV, MIB, wire_mrope_request, wire_request
 
@@ -302,6 +304,7 @@ def main() -> int:
     parser.add_argument(
         "--no-byte-hop", action="store_true", help="skip the message-versus-bytes hop benchmark"
     )
+    parser.add_argument("--no-media", action="store_true", help="skip the media identity benchmark")
     args = parser.parse_args()
     results = run(args.quick)
     if not args.no_proxy:
@@ -310,6 +313,8 @@ def main() -> int:
         results["grpc_load"] = grpc_load.measure(args.quick)
     if not args.no_byte_hop:
         results["byte_hop"] = byte_hop.measure(args.quick)
+    if not args.no_media:
+        results["media_identity"] = media_identity.measure(args.quick)
     (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     rendered = table(results)
     print(rendered)
@@ -322,6 +327,9 @@ def main() -> int:
     hop = byte_hop.table(results["byte_hop"]) if "byte_hop" in results else None
     if hop is not None:
         print("\n" + hop)
+    media = media_identity.table(results["media_identity"]) if "media_identity" in results else None
+    if media is not None:
+        print("\n" + media)
     if not args.no_docs:
         doc = ROOT / "docs" / "performance.md"
         text = splice(doc.read_text(encoding="utf-8"), "performance", rendered)
@@ -331,6 +339,8 @@ def main() -> int:
             text = splice(text, "performance-grpc-load", load)
         if hop is not None:
             text = splice(text, "performance-byte-hop", hop)
+        if media is not None:
+            text = splice(text, media_identity.NAME, media)
         doc.write_text(text, encoding="utf-8")
     return 0
 
