@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo demo-live demo-http demo-epd test lint typecheck pytest docs docs-tables bench vectors clean \
+.PHONY: demo demo-live demo-http demo-epd demo-media test lint typecheck pytest docs docs-tables bench vectors clean \
 	fuzz fuzz-policy fuzz-wire mutants
 
 $(VENV)/bin/python:
@@ -47,6 +47,11 @@ demo-http: $(VENV)/.test
 # Optional: E/P/D (encoder -> prefill -> decode) on real `vllm serve` workers (about 3 min).
 demo-epd: $(VENV)/.test
 	$(PY) examples/live_epd.py
+
+# Optional: video and audio through P/D and E/P/D on real `vllm serve` workers, and one URL
+# serving new content (about 5 min).
+demo-media: $(VENV)/.test
+	$(PY) examples/live_media.py
 
 # --no-cache: ruff's cache keys on a file's content, but import sorting also depends on
 # which modules exist beside it (tests/routers.py made `routers` first-party), so a
