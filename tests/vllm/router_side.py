@@ -10,6 +10,7 @@ them.
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from PIL import Image
 from pd_policy_grpc.wire import common, pb
 from pd_policy_vllm.local_pd import image_content_hash
 
-__all__ = ["image", "router_request", "tensor_data"]
+__all__ = ["frames", "image", "router_request", "router_video_request", "tensor_data"]
 
 
 def image(seed: int, side: int = 84) -> Image.Image:
@@ -109,4 +110,43 @@ def router_request(
             batch.keep_on_cpu_keys.append("image_grid_thw")
     else:
         batch.batched_keys.append("pixel_values")
+    return request
+
+
+def frames(seed: int, count: int = 4, side: int = 56) -> Any:
+    """A clip's frames, decoded, as a router holds them: ``count`` random RGB frames."""
+    return np.random.default_rng(seed).integers(0, 256, (count, side, side, 3), dtype=np.uint8)
+
+
+def router_video_request(
+    model_dir: str, prompt: str, clip: Any, *, request_id: str = "req", max_tokens: int = 8
+) -> pb.GenerateRequest:
+    """The tokenized request for ``prompt`` (one ``<|video_pad|>``) and one clip's frames,
+    processed as SMG's router does for Qwen2-VL: flat patches split by the video grid, the
+    grid batched and kept on CPU, a content hash of the frames. Greedy, with logprobs."""
+    processor = _processor(model_dir)
+    out = processor(text=[prompt], videos=[clip], return_tensors="pt")
+    ids = [int(t) for t in out["input_ids"][0]]
+    video_token = int(processor.tokenizer.convert_tokens_to_ids("<|video_pad|>"))
+    request = pb.GenerateRequest(
+        request_id=request_id, tokenized=pb.TokenizedInput(input_ids=ids), stream=True
+    )
+    request.tokenized.original_text = prompt
+    request.sampling_params.temperature = 0.0
+    request.sampling_params.max_tokens = max_tokens
+    request.sampling_params.logprobs = 0
+    batch = request.mm_inputs
+    batch.modality = common.VIDEO
+    batch.im_token_id = video_token
+    digest = hashlib.sha256(f"{clip.shape}:".encode() + clip.tobytes()).hexdigest()
+    batch.mm_hashes.append(digest)
+    for offset, length in _runs(ids, video_token):
+        batch.mm_placeholders.add(offset=offset, length=length)
+    batch.pixel_values.CopyFrom(tensor_data(out["pixel_values_videos"]))
+    grid = out["video_grid_thw"]
+    batch.model_specific_tensors["video_grid_thw"].CopyFrom(tensor_data(grid))
+    batch.model_specific_tensors["video_grid_sizes"].CopyFrom(tensor_data(grid.prod(-1)))
+    batch.flat_keys["pixel_values"] = "video_grid_sizes"
+    batch.batched_keys.append("video_grid_thw")
+    batch.keep_on_cpu_keys.append("video_grid_thw")
     return request

@@ -149,6 +149,10 @@ def _cases() -> list[dict[str, Any]]:
         "text": {"model": "m", "messages": [{"role": "user", "content": "hello"}]},
         "text_n2": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2},
         "image_with_tools": _chat(_IMAGE, tools=[{"type": "function", "function": {"name": "f"}}]),
+        # Media identity: each makes another item of the one image, or names it.
+        "image_processing_option": _chat(_IMAGE, mm_processor_kwargs={"do_normalize": False}),
+        "image_with_uuid": _chat({**_IMAGE, "uuid": "client-named"}),
+        "uuid_alone": _chat({"type": "image_url", "image_url": None, "uuid": "client-named"}),
     }
     for name, body in bodies.items():
         for kind in _WORKERS:
@@ -245,6 +249,9 @@ def _cases() -> list[dict[str, Any]]:
         "echo_with_media": _chat(_IMAGE, echo=True),
         "prompt_embeds": _chat({"type": "prompt_embeds", "data": "AAAA"}),
         "unknown_part": _chat({"type": "hologram"}),
+        "local_file": _chat({"type": "image_url", "image_url": {"url": "file:///srv/a.png"}}),
+        "ftp_url": _chat({"type": "image_url", "image_url": {"url": "ftp://media.example/a"}}),
+        "neither_data_nor_uuid": _chat({"type": "image_url", "image_url": None}),
         "no_messages": {"model": "m"},
         "n_zero": _chat(_IMAGE, n=0),
         "not_an_object": [1, 2],

@@ -14,8 +14,8 @@ from pathlib import Path
 import attrs
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from qwen_prompts import prompt
-from router_side import image, router_request
+from qwen_prompts import _WORDS, prompt
+from router_side import frames, image, router_request, router_video_request
 from servers import running
 from smg_peers import Streamed, servicer, streamed
 from tiny_models import TinyModel
@@ -25,6 +25,7 @@ import routers
 from pd_policy import KvConnectorMode, PrefillKv, VisionSupport, plan_kv_handoff
 from pd_policy_grpc import (
     SequentialPd,
+    build_decode_leg,
     capability_from_info,
     clone_without_mm,
     metadata_only,
@@ -35,7 +36,7 @@ from pd_policy_grpc import (
 from pd_policy_grpc.wire import pb, pb_grpc
 from routers import sequential_pd
 
-_LIMITS = {"image": 1, "video": 0}
+_LIMITS = {"image": 1, "video": 1}
 
 
 @attrs.frozen
@@ -216,5 +217,43 @@ def test_a_hashes_only_leg_gets_text_positions(fleet: Fleet) -> None:
         assert stripped.logprobs != pytest.approx(want.logprobs, abs=1e-4)
         log = fleet.decode_log.read_text(errors="replace")
         assert "decode-side positions will be text-only" in log
+
+    asyncio.run(main())
+
+
+def video_request(fleet: Fleet, variant: str, seed: int) -> pb.GenerateRequest:
+    """A Qwen2-VL request with one clip of four 56x56 frames: grid (2, 24, 24), 288 ids."""
+    words = " ".join([variant, *(_WORDS[(i * 7) % len(_WORDS)] for i in range(40))])
+    text = f"<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|> {words}<|im_end|>\n"
+    return router_video_request(
+        str(fleet.model.path), text + "<|im_start|>assistant\n", frames(seed),
+        request_id=f"{variant}-{seed}",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", routers.MODES)
+def test_clips_a_b_a_on_a_language_model_only_decode_that_takes_metadata(
+    fleet: Fleet, mode: str
+) -> None:
+    # A video batch takes the metadata path as an image's does: its grid (video_grid_thw),
+    # hash and placeholder, and no frame, on a decode worker with no vision tower.
+    variant = f"video-{mode}"
+
+    async def main() -> None:
+        clips = {s: video_request(fleet, variant, s) for s in (1, 2)}
+        expected = [await generate(fleet.baseline, clips[s]) for s in (1, 2)]
+        assert expected[0].logprobs != pytest.approx(expected[1].logprobs, abs=1e-4)
+        with routers.mode(mode):
+            pd = await sequential(fleet)
+        (candidate,) = pd.candidates
+        form, leg = build_decode_leg(clips[1], candidate.worker)
+        assert form.value == "mrope_metadata" and not leg.mm_inputs.HasField("pixel_values")
+        assert "video_grid_thw" in leg.mm_inputs.keep_on_cpu_keys
+        served = [await streamed(pd.generate(clips[s])) for s in (1, 2, 1)]
+        for got, want in zip(served, [expected[0], expected[1], expected[0]], strict=True):
+            assert got.tokens == want.tokens
+            assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5)
+        assert served[2].kv_report["local_cached_tokens"] > 0  # clip 1 again: its own blocks
+        assert served[1].kv_report["local_cached_tokens"] == 0  # clip 2 shares none of them
 
     asyncio.run(main())
