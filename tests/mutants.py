@@ -184,6 +184,73 @@ MUTANTS: Final = (
         "default=None, converter=kv_params_text",
         ("tests/test_no_leak.py",),
     ),
+    Mutant(
+        "media identity: the bytes win over the client's uuid",
+        "pd_policy/media_identity.py",
+        "    if has_uuid:\n        return IdentityBasis.CLIENT\n"
+        "    if source is MediaSource.INLINE or pinned:\n        return IdentityBasis.CONTENT\n",
+        "    if source is MediaSource.INLINE or pinned:\n        return IdentityBasis.CONTENT\n"
+        "    if has_uuid:\n        return IdentityBasis.CLIENT\n",
+        ("tests/test_media_identity.py", "tests/http/test_http_media_identity.py"),
+    ),
+    Mutant(
+        "media identity: the hash factors are left out",
+        "pd_policy/media_identity.py",
+        "    for factor in attrs.astuple(inputs.factors):",
+        "    for factor in ():",
+        ("tests/test_media_identity.py",),
+    ),
+    Mutant(
+        "media identity: a remote URL is named by its text (the incident)",
+        "pd_policy_vllm/http/identity.py",
+        '            value = f"{nonce}/{index}"',
+        "            value = str(part.url)",
+        ("tests/http/test_http_media_identity.py", "tests/http/test_http_proxy_media.py"),
+    ),
+    Mutant(
+        "media rules: a subdomain passes for its parent",
+        "pd_policy/media_rules.py",
+        "return host is not None and host.lower() in self.allowed_domains",
+        "return host is not None and any(host.lower().endswith(d) for d in self.allowed_domains)",
+        ("tests/test_media_rules.py",),
+    ),
+    Mutant(
+        "media without hashes is dropped from a stripped leg again",
+        "pd_policy/decision.py",
+        "        raise NSamplesOnLanguageModelOnlyDecode()\n"
+        "    if unidentified is not None:\n"
+        "        raise MissingMediaIdentity(param=unidentified)\n",
+        "        raise NSamplesOnLanguageModelOnlyDecode()\n",
+        PROPERTIES,
+    ),
+    Mutant(
+        "the wire forgets placeholders without hashes",
+        "pd_policy_grpc/facts.py",
+        "        or len(batch.mm_placeholders) > 0",
+        "        or False",
+        ("tests/grpc/test_grpc_legs.py",),
+    ),
+    Mutant(
+        "the stripped HTTP leg keeps the request's processing options",
+        "pd_policy_vllm/http/legs.py",
+        "    for option in _MEDIA_OPTIONS:\n        out.pop(option, None)",
+        "    pass",
+        ("tests/http/test_http_media_identity.py",),
+    ),
+    Mutant(
+        "an uncached URL on a vision decode keeps the caller's salt",
+        "pd_policy_vllm/http/legs.py",
+        "        if uncached and leg.relays_kv and leg.has_mm_inputs:",
+        "        if False:",
+        ("tests/http/test_http_media_identity.py",),
+    ),
+    Mutant(
+        "a fetch follows a redirect to a host the worker does not allow",
+        "pd_policy_vllm/http/pin.py",
+        "                if check_media_url(url, rules, param=param) is not MediaSource.REMOTE:",
+        '                if url.startswith("ftp"):',
+        ("tests/http/test_http_pin.py",),
+    ),
 )
 
 
