@@ -51,6 +51,8 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
         "no_decode_worker_available",
         "pd_invalid_configuration",
         "pd_media_unreachable",
+        "no_prefill_worker_available",
+        "no_encode_worker_available",
     }
     assert ERROR_CATALOG["pd_invalid_configuration"].status == 500
     assert not ERROR_CATALOG["pd_invalid_configuration"].retryable

@@ -19,6 +19,7 @@ from .errors import (
     MropeOnLanguageModelOnlyDecode,
     MultimodalNotSupported,
     NoDecodeWorkerAvailable,
+    NoWorkerAvailable,
     NSamplesOnLanguageModelOnlyDecode,
     PolicyError,
 )
@@ -68,6 +69,10 @@ def _build_catalog() -> Mapping[str, CatalogEntry]:
         "HTTP status for a worker spoken to over HTTP; retryable under the default rules "
         "(408, 429, 5xx) except a sidecar time-out."
     )
+    for leg in NoWorkerAvailable.LEGS:
+        code = f"no_{leg}_worker_available"
+        if code not in rows:  # the decode row is NoDecodeWorkerAvailable's
+            rows[code] = CatalogEntry(code, 503, True, NoWorkerAvailable.meaning, NoWorkerAvailable)
     for leg in WorkerFailedToStart.LEGS:
         code = f"{leg}_worker_failed_to_start"
         what = f"The {leg} worker failed its leg before its first output. "

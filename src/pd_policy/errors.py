@@ -27,6 +27,7 @@ __all__ = [
     "MultimodalNotSupported",
     "NSamplesOnLanguageModelOnlyDecode",
     "NoDecodeWorkerAvailable",
+    "NoWorkerAvailable",
     "PolicyError",
 ]
 
@@ -219,6 +220,35 @@ class NoDecodeWorkerAvailable(PolicyError):
     default_message = "no decode worker is available for this request"
     # Unlike the policy's refusals, this one depends on the pool, which changes.
     may_retry = True
+
+
+class NoWorkerAvailable(PolicyError):
+    """Every worker of a leg's kind that could serve the request is out of service
+    (ejected, starting or draining), or none is registered.
+
+    ``leg`` is ``"encode"``, ``"prefill"`` or ``"decode"``; the code names it
+    (``no_prefill_worker_available``). A worker may come back, so a gateway may retry.
+    """
+
+    LEGS: ClassVar[tuple[str, ...]] = ("encode", "prefill", "decode")
+    status = 503
+    may_retry = True
+    meaning = (
+        "No worker of the leg's kind that could serve the request is in service: each is "
+        "ejected after failures, starting, or draining, or none is registered. A worker may "
+        "come back, so a gateway may retry."
+    )
+
+    def __init__(self, leg: str = "decode", message: str | None = None) -> None:
+        if leg not in self.LEGS:
+            raise ValueError(f"unknown leg {leg!r}")
+        self.leg = leg
+        self.code = f"no_{leg}_worker_available"
+        super().__init__(
+            message
+            if message is not None
+            else f"no {leg} worker that can serve this request is in service; retry later"
+        )
 
 
 class InvalidConfiguration(PolicyError):

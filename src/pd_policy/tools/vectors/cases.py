@@ -19,6 +19,7 @@ from pd_policy.tools.scenarios import (
 from pd_policy.worker import Support, WorkerCapability
 
 from .check_cases import check_cases as _check_cases
+from .fleet_cases import fleet_cases
 from .media_cases import media_cases
 
 __all__ = ["ADVERSARIAL", "WORKERS", "all_cases"]
@@ -239,4 +240,5 @@ def all_cases() -> list[dict[str, Any]]:
         )
     _check_cases(add, shapes)
     media_cases(add)
+    fleet_cases(add)
     return cases

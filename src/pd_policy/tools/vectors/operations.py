@@ -27,6 +27,7 @@ from pd_policy.worker import WorkerCapability
 
 __all__ = ["OPERATIONS", "run_case"]
 
+from .fleet_operations import FLEET_OPERATIONS
 from .media_operations import MEDIA_OPERATIONS
 from .reading import error as _error
 from .reading import field as _field
@@ -192,6 +193,7 @@ OPERATIONS: Final[dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]]] = {
     "fold_salt": _salt_outcome,
     "epd_prefill": _epd_prefill_outcome,
     **MEDIA_OPERATIONS,
+    **FLEET_OPERATIONS,
 }
 
 

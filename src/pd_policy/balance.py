@@ -1,0 +1,116 @@
+"""Which worker of a fleet takes a leg: a pure function of snapshots of the workers.
+
+The order of the rules is the contract:
+
+1. **Compatible first.** Only a worker that can serve the leg is considered (the
+   selection functions of [`selection`][pd_policy.selection] and
+   [`epd`][pd_policy.epd] decide that): a worker that cannot serve a request is never
+   picked while one that can is listed, however idle it is.
+2. **Routable next.** Of those, only the ones whose health says so
+   ([`health`][pd_policy.health]). When every compatible worker is out, the answer
+   is a 503 that a client may retry, never an incompatible worker.
+3. **Affinity, bounded by load.** A request with an affinity key (its media's
+   identities: the prefill's prefix and encoder caches hold that media) goes to the
+   first worker in the key's rendezvous order whose load stays within ``bound``
+   times the fleet's mean (with this request counted), the *consistent hashing with
+   bounded loads* rule: one hot image cannot overload one worker, and no worker
+   ever carries more than ``ceil(bound * mean)``.
+4. **Least outstanding** otherwise (ties go to the caller's order), or, with
+   ``choices=2``, the less loaded of two workers the caller drew at random.
+
+Nothing here is random: the caller draws, so the choice is a pure function.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Final, Generic, TypeVar
+
+import attrs
+
+from .errors import MalformedRequest, NoWorkerAvailable
+
+__all__ = ["Balance", "WorkerSnapshot", "choose", "rendezvous_order"]
+
+T = TypeVar("T")
+
+#: The affinity bound's default: a worker takes its key's requests until it holds 25%
+#: more than the fleet's mean.
+DEFAULT_BOUND: Final = 1.25
+
+
+class Balance(enum.Enum):
+    """How load is balanced among equally good workers."""
+
+    #: The worker with the fewest outstanding requests (exact, for one router).
+    LEAST_OUTSTANDING = "least_outstanding"
+    #: The less loaded of two drawn at random (for routers whose counts go stale).
+    TWO_CHOICES = "two_choices"
+
+
+@attrs.frozen(slots=True)
+class WorkerSnapshot(Generic[T]):
+    """One worker as the router sees it when it chooses: its ``name`` (stable, for the
+    rendezvous order; never a URL with credentials), whether it is ``routable`` now,
+    its ``outstanding`` requests, and the caller's ``handle``."""
+
+    name: str
+    handle: T
+    routable: bool = True
+    outstanding: int = 0
+
+
+def _score(key: str, name: str) -> bytes:
+    digest = hashlib.sha256()
+    for part in (key, name):
+        raw = part.encode("utf-8", "surrogatepass")
+        digest.update(len(raw).to_bytes(8, "big") + raw)
+    return digest.digest()
+
+
+def rendezvous_order(key: str, names: Sequence[str]) -> list[int]:
+    """The indices of ``names`` in ``key``'s rendezvous (highest random weight) order.
+
+    Every router computes the same order for a key, and removing a worker moves only
+    the keys it held."""
+    return sorted(range(len(names)), key=lambda i: _score(key, names[i]), reverse=True)
+
+
+def choose(
+    compatible: Sequence[WorkerSnapshot[T]],
+    *,
+    role: str,
+    affinity: str | None = None,
+    bound: float = DEFAULT_BOUND,
+    balance: Balance = Balance.LEAST_OUTSTANDING,
+    draws: tuple[int, int] = (0, 0),
+) -> WorkerSnapshot[T]:
+    """The worker, among ``compatible`` (the ones that can serve the leg, in the caller's
+    order), that takes the leg; see the module docs for the rules.
+
+    ``role`` names the leg's kind in the error (``prefill``, ``decode``, ``encode``).
+    ``draws`` are two random integers for ``Balance.TWO_CHOICES`` (any range: they are
+    taken modulo the routable count).
+
+    Raises [`NoWorkerAvailable`][pd_policy.errors.NoWorkerAvailable] (503, retryable)
+    when no compatible worker is routable, and
+    [`MalformedRequest`][pd_policy.errors.MalformedRequest] for a ``bound`` below 1.
+    """
+    if not bound >= 1.0:
+        raise MalformedRequest("the affinity bound must be at least 1", param="bound")
+    up = [w for w in compatible if w.routable]
+    if not up:
+        raise NoWorkerAvailable(role)
+    if affinity is not None:
+        total = sum(w.outstanding for w in up) + 1
+        cap = math.ceil(bound * total / len(up))
+        for i in rendezvous_order(affinity, [w.name for w in up]):
+            if up[i].outstanding + 1 <= cap:
+                return up[i]
+    if balance is Balance.TWO_CHOICES and len(up) > 1:
+        a, b = up[draws[0] % len(up)], up[draws[1] % len(up)]
+        return a if a.outstanding <= b.outstanding else b
+    return min(up, key=lambda w: w.outstanding)
