@@ -98,6 +98,7 @@ from .legs import (
     identity_only,
     metadata_only,
 )
+from .lifecycle import LifecycleError, RequestLife, Stage, begin, done, fail, responding
 from .media_errors import MediaFetchFailed, MediaRefused, MediaUnreachable, MissingMediaIdentity
 from .media_identity import (
     IDENTITY_PREFIX,
@@ -168,6 +169,7 @@ __all__ = [
     "KvConnectorMode",
     "KvHandoff",
     "LegacyKvParams",
+    "LifecycleError",
     "MalformedRequest",
     "MediaFetchFailed",
     "MediaFetchRules",
@@ -194,6 +196,8 @@ __all__ = [
     "PrefillForm",
     "PrefillKv",
     "Request",
+    "RequestLife",
+    "Stage",
     "Support",
     "TensorDescriptor",
     "VisionSupport",
@@ -203,6 +207,7 @@ __all__ = [
     "WorkerStreamError",
     "advertise_media_processor",
     "apply_kv_handoff",
+    "begin",
     "build_decode_leg",
     "check_kv_handoff",
     "check_media_url",
@@ -214,6 +219,7 @@ __all__ = [
     "decode_leg",
     "derive_accepts_mm_metadata",
     "derive_supports_vision",
+    "done",
     "drain",
     "eject",
     "encode_leg",
@@ -223,6 +229,7 @@ __all__ = [
     "ensure_kv_handoff",
     "ensure_language_model_only_leg",
     "ensure_model_accepts_media",
+    "fail",
     "fold_cache_salt",
     "fold_salt",
     "grids_kept_on_cpu",
@@ -247,6 +254,7 @@ __all__ = [
     "rendezvous_order",
     "request_from_json",
     "request_to_json",
+    "responding",
     "routable",
     "select_decode_workers",
     "select_encoder_workers",
