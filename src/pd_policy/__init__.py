@@ -17,7 +17,7 @@ protos) and ``pd_policy_vllm`` (a live vLLM engine, and vLLM's HTTP server).
 
 from __future__ import annotations
 
-from .balance import Balance, WorkerSnapshot, choose, rendezvous_order
+from .balance import DEFAULT_BOUND, Balance, WorkerSnapshot, choose, rendezvous_order
 from .batch import Modality, MultimodalBatch, PlaceholderRange
 from .capability import (
     EngineFacts,
@@ -76,6 +76,7 @@ from .errors import (
     NoWorkerAvailable,
     NSamplesOnLanguageModelOnlyDecode,
     PolicyError,
+    Unauthorized,
 )
 from .handoff import check_kv_handoff, ensure_kv_handoff, relay_kv
 from .health import (
@@ -139,6 +140,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CONNECTOR_MODES",
     "DEFAULT_BOOTSTRAP_PORT",
+    "DEFAULT_BOUND",
     "DEFAULT_FETCH_TIMEOUTS",
     "EC_ROLE_LABEL",
     "ERROR_CATALOG",
@@ -200,6 +202,7 @@ __all__ = [
     "Stage",
     "Support",
     "TensorDescriptor",
+    "Unauthorized",
     "VisionSupport",
     "WorkerCapability",
     "WorkerFailedToStart",

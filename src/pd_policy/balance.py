@@ -33,7 +33,7 @@ import attrs
 
 from .errors import MalformedRequest, NoWorkerAvailable
 
-__all__ = ["Balance", "WorkerSnapshot", "choose", "rendezvous_order"]
+__all__ = ["DEFAULT_BOUND", "Balance", "WorkerSnapshot", "choose", "rendezvous_order"]
 
 T = TypeVar("T")
 

@@ -22,6 +22,7 @@ from .errors import (
     NoWorkerAvailable,
     NSamplesOnLanguageModelOnlyDecode,
     PolicyError,
+    Unauthorized,
 )
 from .media_errors import MediaFetchFailed, MediaRefused, MediaUnreachable, MissingMediaIdentity
 from .worker_errors import WorkerFailedToStart, WorkerStreamError
@@ -54,6 +55,7 @@ _POLICY_ERRORS: Final = (
     MediaUnreachable,
     MalformedRequest,
     NoDecodeWorkerAvailable,
+    Unauthorized,
     InvalidConfiguration,
 )
 

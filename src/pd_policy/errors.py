@@ -29,6 +29,7 @@ __all__ = [
     "NoDecodeWorkerAvailable",
     "NoWorkerAvailable",
     "PolicyError",
+    "Unauthorized",
 ]
 
 #: Response header that carries the error code, as the SMG gateway sends it.
@@ -249,6 +250,18 @@ class NoWorkerAvailable(PolicyError):
             if message is not None
             else f"no {leg} worker that can serve this request is in service; retry later"
         )
+
+
+class Unauthorized(PolicyError):
+    """The client did not present a key the router accepts."""
+
+    code = "pd_unauthorized"
+    status = 401
+    meaning = (
+        "The router requires an API key from its clients, and the request carried none, or "
+        "not one it accepts. No worker is called. The key is never echoed."
+    )
+    default_message = "a valid API key is required: send it as 'Authorization: Bearer <key>'"
 
 
 class InvalidConfiguration(PolicyError):

@@ -17,6 +17,7 @@ from pd_policy import KvConnectorMode, MediaFetchRules, PrefillKv, Support, Work
 from pd_policy_vllm.http import HttpWorker
 from pd_policy_vllm.http.identity import WorkerMedia
 from pd_policy_vllm.http.pin import PINNED_MEDIA_TYPE, RemoteMedia
+from pd_policy_vllm.http.attempt import remote_media_for
 from pd_policy_vllm.http.proxy import Proxy
 
 
@@ -119,6 +120,8 @@ def test_refuse_mode_refuses_before_any_worker() -> None:
 def test_a_proxy_that_does_not_know_the_workers_rules_does_not_fetch() -> None:
     worker = HttpWorker("http://127.0.0.1:1", kv=PrefillKv(KvConnectorMode.NIXL))
     decode = [HttpWorker("http://127.0.0.1:2", WorkerCapability(Support.FALSE))]
-    assert Proxy(worker, decode, mrope=False).remote_media is RemoteMedia.UNCACHED
+    proxy = Proxy(worker, decode, mrope=False)
+    (member,) = proxy.fleet.of("prefill")
+    assert remote_media_for(proxy.remote_media, member) is RemoteMedia.UNCACHED
     with pytest.raises(ValueError, match="media rules"):
         Proxy(worker, decode, mrope=False, remote_media=RemoteMedia.FETCH)

@@ -27,7 +27,8 @@ from servers import Server, free_port
 from tiny_models import TinyModel
 
 from pd_policy_vllm.http import HttpWorker
-from pd_policy_vllm.http.cli import parser, read_workers
+from pd_policy_vllm.http.cli import read_workers
+from pd_policy_vllm.http.flags import parser
 from pd_policy_vllm.http.proxy import Proxy
 
 __all__ = [
@@ -173,14 +174,8 @@ class InProcessProxy(ThreadedSite):
         trace = aiohttp.TraceConfig()
         trace.on_request_chunk_sent.append(self._on_chunk)
         trace.on_request_end.append(self._on_end)
-        self._proxy = Proxy(
-            proxy_.prefill,
-            [c.handle for c in proxy_.candidates],
-            mrope=proxy_.mrope,
-            encoder=proxy_.encoder,
-            remote_media=proxy_.remote_media,
-            trace_configs=[trace],
-        )
+        proxy_.trace_configs.append(trace)
+        self._proxy = proxy_
 
     def app(self) -> web.Application:
         return self._proxy.app()

@@ -60,7 +60,9 @@ from .scale_out import (
     rendered_request,
 )
 
-__all__ = ["Plan", "decode_leg", "plan_encoded", "plan_rendered", "plan_request"]
+__all__ = [
+    "Plan", "as_decided", "decode_leg", "plan_encoded", "plan_rendered", "plan_request", "runs_epd",
+]  # fmt: skip
 
 T = TypeVar("T")
 
@@ -122,6 +124,21 @@ def _as_rendered(request: Request) -> Request:
     return request.derive(input_ids=(0,) * max(offset, 1), text=None, batches=batches)
 
 
+def runs_epd(request: Request, route: Route, *, encodes: bool) -> bool:
+    """Whether ``request`` runs E/P/D when an encoder is configured (``encodes``): a chat
+    request with media and one sample."""
+    return encodes and route is Route.CHAT and request.n <= 1 and needs_encode_leg(request)
+
+
+def as_decided(request: Request, route: Route, *, renders: bool) -> Request:
+    """The request the decision is made on: as a render will return it, for an M-RoPE
+    chat request whose worker ``renders`` first (the metadata path, E/P/D); else itself.
+    A router that chooses the decode worker before planning decides on this."""
+    if renders and route is Route.CHAT and has_mrope_grids(request):
+        return _as_rendered(request)
+    return request
+
+
 def plan_request(
     body: Any,
     route: Route,
@@ -157,10 +174,8 @@ def plan_request(
         body, route, request_id=request_id, mrope=mrope, media=media, nonce=nonce
     )
     uncached = route is Route.CHAT and uncached_parts(body, media.rules)
-    epd = encodes and route is Route.CHAT and request.n <= 1 and needs_encode_leg(request)
-    decided = request
-    if (renders or epd) and route is Route.CHAT and has_mrope_grids(request):
-        decided = _as_rendered(request)
+    epd = runs_epd(request, route, encodes=encodes)
+    decided = as_decided(request, route, renders=renders or epd)
     chosen = select_decode_workers(decided, candidates)[0]
     form, leg = build_decode_leg(decided, chosen.worker)
     if body.get("echo") and request.has_mm_inputs and form in _STRIPPED:

@@ -1,171 +1,285 @@
-"""An OpenAI-compatible P/D proxy in front of ``vllm serve`` workers, with the policy applied.
+"""An OpenAI-compatible P/D proxy in front of a fleet of ``vllm serve`` workers, with the
+policy applied.
 
 It serves ``POST /v1/chat/completions`` and ``POST /v1/completions`` through a
-prefill worker and a decode worker it picks per request, ``GET /v1/models``
-(the prefill worker's) and ``GET /health``. Built on ``aiohttp`` (client and
+prefill worker and a decode worker (and an encoder, in E/P/D) it chooses per request
+from its fleet, ``GET /v1/models``, ``GET /health`` and ``GET /metrics``, and with
+``admin`` the fleet's routes (``/admin/workers``). Built on ``aiohttp`` (client and
 server), which vLLM itself depends on.
 
-Per request it: reads the body as the policy sees it
-([`policy_request`][pd_policy_vllm.http.request.policy_request]); picks the first decode
-worker that can serve it
-([`pd_policy.select_decode_workers`][pd_policy.selection.select_decode_workers]) and builds
-the core's decode leg; plans the handoff; runs the sanitised prefill leg
-(unless n>1); relays the KV parameters it returned and checks the handoff; and
-sends the decode leg, streaming its server-sent events back when the client
-asked for ``stream``. Every refusal is an OpenAI error body with the error-code
-header, before any worker is called where the policy can tell. A client that
-disconnects cancels both legs: their connections close, and vLLM aborts a
-request whose client is gone.
+Per request: the client's key is checked (when keys are set); the fleet chooses the
+members ([`choose_members`][pd_policy_vllm.http.fleet.routing.choose_members]: compatible,
+routable, affinity or load); the attempt runs the legs before decode
+([`Attempt`][pd_policy_vllm.http.attempt.Attempt]); the decode leg is relayed to the
+client. A failure before the client has seen a byte is tried again on other members
+when the core's lifecycle says so ([`pd_policy.fail`][pd_policy.lifecycle.fail]): a
+worker's 5xx or an unreachable worker, never a refusal. Such a failure also counts
+against the member's health; a success clears it. Every refusal is an OpenAI error body
+with the error-code header. A client that disconnects cancels both legs.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
 from pd_policy import (
-    DecodeCandidate,
+    NoWorkerAvailable,
     PolicyError,
+    RequestLife,
+    Stage,
+    Unauthorized,
     WorkerFailedToStart,
+    done,
+    fail,
+    responding,
 )
 
 from .aio import aiohttp, web
+from .attempt import Attempt
+from .auth import Keys
 from .codec import loads
-from .legs import Leg
-from .pin import RemoteMedia, pin_remote_media, refuse_remote_media
-from .plan import Plan, decode_leg, plan_encoded, plan_rendered, plan_request
-from .relay import REQUEST_ID_HEADER, error_response, post_json, relay_decode
+from .fleet.admin import add_admin_routes
+from .fleet.members import Fleet, Member
+from .fleet.metrics import CONTENT_TYPE, Metrics
+from .fleet.probe import Probe, probing
+from .fleet.routing import Choice, choose_members
+from .pin import RemoteMedia
+from .relay import REQUEST_ID_HEADER, error_response, relay_decode
 from .request import Route
-from .scale_out import GENERATE, RENDER
 from .workers import HttpWorker
 
 __all__ = ["REQUEST_ID_HEADER", "Proxy"]
 
 _SESSION: Final = web.AppKey("session", aiohttp.ClientSession)
+#: One line a request: its id, its members, its form and its outcome (JSON).
+requests_log: Final = logging.getLogger("pd_policy_vllm.http.requests")
 
 
 class Proxy:
-    """The proxy: a prefill worker, decode workers in order of preference, and whether the
-    served model's positions are M-RoPE (its image requests then name their grid, and a
-    language-model-only decode worker that cannot take it is refused before prefill).
+    """The proxy over a ``fleet``, or over a fixed pair: a ``prefill`` worker, ``decode``
+    workers and an optional ``encoder`` (each taken as healthy, never probed).
 
-    ``encoder``: an encoder-only worker (vLLM's ``ec_producer``, with
-    ``--enable-scale-out``), whose cache the prefill worker consumes. Chat requests
-    with media then run E/P/D (see [`encode`][pd_policy_vllm.http.encode]).
+    ``mrope``: the served model's positions are M-RoPE. ``remote_media``: what to do
+    with a remote media URL the client did not name
+    ([`RemoteMedia`][pd_policy_vllm.http.pin.RemoteMedia]; by default, fetch it once
+    when the chosen prefill's media rules are known, else leave it uncached).
+    ``keys``: the workers' key and the clients'. ``attempts``: how many times a request
+    may be tried in all. ``probe``: how the fleet is probed (``None``: not at all).
+    ``admin``: serve the fleet's routes. ``trace_configs`` go to the client session
+    (tests record the legs with one).
 
-    ``remote_media``: what it does with a remote media URL the client did not name by a
-    ``uuid`` ([`RemoteMedia`][pd_policy_vllm.http.pin.RemoteMedia]); by default it
-    fetches the item once for every leg when it knows the prefill worker's media rules
-    (``prefill.media.rules.known``), and leaves it uncached otherwise.
-
-    ``trace_configs`` are handed to the ``aiohttp`` client session (tests record the
-    legs with one).
+    Raises ``ValueError`` without a fleet or a pair, and for ``RemoteMedia.FETCH`` with a
+    prefill whose media rules are unknown (the proxy cannot tell what it would refuse).
     """
 
     def __init__(
         self,
-        prefill: HttpWorker,
-        decode: Sequence[HttpWorker],
+        prefill: HttpWorker | None = None,
+        decode: Sequence[HttpWorker] = (),
         *,
         mrope: bool,
         encoder: HttpWorker | None = None,
+        fleet: Fleet | None = None,
         remote_media: RemoteMedia | None = None,
+        keys: Keys | None = None,
+        attempts: int = 2,
+        probe: Probe | None = None,
+        admin: bool = False,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
     ) -> None:
-        if not decode:
-            raise ValueError("the proxy needs at least one decode worker")
-        known = prefill.media.rules.known
-        if remote_media is None:
-            remote_media = RemoteMedia.FETCH if known else RemoteMedia.UNCACHED
-        if remote_media is RemoteMedia.FETCH and not known:
-            raise ValueError("fetching remote media needs the prefill worker's media rules")
-        self.remote_media = remote_media
-        self.prefill = prefill
-        self.encoder = encoder
-        self.candidates = [DecodeCandidate(w.capability, w) for w in decode]
-        self.mrope = mrope
-        self._trace_configs = list(trace_configs)
+        self.metrics = Metrics()
+        if fleet is None:
+            if prefill is None or not decode:
+                raise ValueError("the proxy needs a fleet, or a prefill and a decode worker")
+            fleet = Fleet()
+            for role, workers in (("prefill", [prefill]), ("decode", decode),
+                                  ("encode", [encoder] if encoder else [])):  # fmt: skip
+                for worker in workers:
+                    fleet.add(role, worker, healthy=True)
+        fleet.on_change = self.metrics.health_changed
+        if remote_media is RemoteMedia.FETCH and any(
+            not m.worker.media.rules.known for m in fleet.of("prefill")
+        ):
+            raise ValueError("fetching remote media needs the prefill workers' media rules")
+        self.fleet, self.mrope, self.remote_media = fleet, mrope, remote_media
+        self.keys = keys if keys is not None else Keys()
+        self.attempts, self.probe, self.admin = attempts, probe, admin
+        self.trace_configs = list(trace_configs)
+        self.draining = False
 
     def app(self) -> web.Application:
-        """The ``aiohttp`` application; its client session lives as long as it does."""
+        """The ``aiohttp`` application; its client session (and prober) live as long as it."""
         app = web.Application(client_max_size=256 * 2**20)
         app.router.add_post(Route.CHAT.value, self._chat)
         app.router.add_post(Route.COMPLETIONS.value, self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        if self.admin:
+            add_admin_routes(app, self)
         app.cleanup_ctx.append(self._session)
+        app.on_shutdown.append(self._drain)
         return app
 
     async def _session(self, app: web.Application) -> Any:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
         async with aiohttp.ClientSession(
-            timeout=timeout, trace_configs=self._trace_configs or None
+            timeout=timeout, trace_configs=self.trace_configs or None
         ) as session:
             app[_SESSION] = session
-            yield
+            if self.probe is None:
+                yield
+                return
+            async with probing(self.fleet, session, self.probe, self.keys.worker_headers()):
+                yield
+
+    async def _drain(self, app: web.Application) -> None:
+        # Shutting down: the listening socket is closed; /health says so to a balancer.
+        self.draining = True
+
+    def session(self, request: web.Request) -> aiohttp.ClientSession:
+        return request.app[_SESSION]
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.draining:
+            return web.json_response({"status": "draining"}, status=503)
         return web.json_response({"status": "ok"})
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.metrics.render(self.fleet), headers={"Content-Type": CONTENT_TYPE}
+        )
+
+    def admitted(self, request: web.Request) -> web.Response | None:
+        """``None`` when the client may call; else the 401 it gets (no worker is called)."""
+        if self.keys.admits(request.headers.get("Authorization")):
+            return None
+        return error_response(Unauthorized())
+
     async def _models(self, request: web.Request) -> web.Response:
-        session = request.app[_SESSION]
-        try:
-            async with session.get(f"{self.prefill.url}/v1/models") as response:
-                return web.json_response(await response.json(), status=response.status)
-        except aiohttp.ClientError as exc:
-            error = WorkerFailedToStart("prefill", detail=str(exc), http_status=503)
-            return error_response(error)
+        refused = self.admitted(request)
+        if refused is not None:
+            return refused
+        # The fleet's models: every routable prefill's, each model once.
+        seen: dict[str, Any] = {}
+        for member in self.fleet.of("prefill"):
+            try:
+                async with self.session(request).get(
+                    f"{member.url}/v1/models", headers=self.keys.worker_headers()
+                ) as response:
+                    if response.status == 200:
+                        for model in (await response.json()).get("data", []):
+                            seen.setdefault(model.get("id"), model)
+            except aiohttp.ClientError:
+                continue
+        if not seen:
+            return error_response(WorkerFailedToStart("prefill", detail="no model",
+                                                      http_status=503))  # fmt: skip
+        return web.json_response({"object": "list", "data": list(seen.values())})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, Route.CHAT)
+        return await self.serve(request, Route.CHAT)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, Route.COMPLETIONS)
+        return await self.serve(request, Route.COMPLETIONS)
 
-    async def _serve(self, request: web.Request, route: Route) -> web.StreamResponse:
+    async def serve(
+        self, request: web.Request, route: Route, body: Any = None
+    ) -> web.StreamResponse:
+        """Serve one client request on ``route`` (``body``: already read, for a route that
+        translates its client's body)."""
+        arrived = time.monotonic()
         request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
-        session = request.app[_SESSION]
+        refused = self.admitted(request)
+        if refused is not None:
+            self._log(request_id, route, None, None, refused.status, "pd_unauthorized", 1, arrived)
+            return refused
         try:
-            body = loads(await request.read())  # not an object: plan_request refuses it
-            worker, leg = await self._legs(session, body, route, request_id)
+            if body is None:
+                body = loads(await request.read())  # not an object: the plan refuses it
         except PolicyError as exc:
             return error_response(exc)
-        stream = bool(body.get("stream"))
-        return await relay_decode(request, session, worker.url, leg, request_id, stream=stream)
+        attempt = Attempt(self.session(request), self.keys.worker_headers(), self.metrics,
+                          self.mrope, self.remote_media)  # fmt: skip
+        life = RequestLife(attempts=self.attempts)
+        last: PolicyError | None = None
+        while True:
+            choice: Choice | None = None
+            form = "-"
+            try:
+                choice = choose_members(self.fleet, body, route, mrope=self.mrope,
+                                        exclude=life.failed_on)  # fmt: skip
+                for member in choice.members:
+                    member.outstanding += 1
+                try:
+                    prepared = await attempt.prepare(life, body, route, request_id, choice)
+                    form = prepared.plan.form.value
+                    life = prepared.life
+                    relayed = await relay_decode(
+                        request, self.session(request), choice.decode.url, prepared.leg,
+                        request_id, stream=bool(body.get("stream")),
+                        headers=self.keys.worker_headers(),
+                    )  # fmt: skip
+                finally:
+                    for member in choice.members:
+                        member.outstanding -= 1
+            except PolicyError as exc:
+                if last is not None and isinstance(exc, NoWorkerAvailable):
+                    # No other worker to try: the client gets the failure that made it try.
+                    exc = last
+                last = exc
+                blamed = self._blame(choice, exc)
+                life = fail(life, exc, blamed.name if blamed is not None else None)
+                if life.stage is Stage.PLANNING:
+                    self.metrics.retries.labels(getattr(exc, "leg", "plan")).inc()
+                    continue
+                self._done(route, form, exc.code, choice, life, request_id, exc.status, arrived)
+                return error_response(exc)
+            self.metrics.ttft.observe(relayed.first_byte - arrived)
+            self.metrics.decode_bytes.observe(relayed.sent)
+            life = responding(life)
+            if relayed.late_error is not None:
+                self._blame(choice, relayed.late_error)
+                life = fail(life, relayed.late_error, choice.decode.name)
+                self._done(route, form, relayed.late_error.code, choice, life, request_id, 200,
+                           arrived)  # fmt: skip
+                return relayed.response
+            for member in choice.members:
+                self.fleet.succeeded(member)
+            self._done(route, form, "ok", choice, done(life), request_id, 200, arrived)
+            return relayed.response
 
-    async def _legs(
-        self, session: aiohttp.ClientSession, body: Any, route: Route, request_id: str
-    ) -> tuple[HttpWorker, Leg]:
-        encoder = self.encoder
-        media = self.prefill.media
-        plan = self._plan(body, route, request_id)
-        if plan.uncached and self.remote_media is RemoteMedia.REFUSE:
-            refuse_remote_media(body, media.rules)
-        if plan.uncached and plan.prefill is not None and self.remote_media is RemoteMedia.FETCH:
-            # Fetched once, after every refusal the policy can make without it: the same
-            # bytes to every leg, and an identity that is their hash.
-            plan = self._plan(await pin_remote_media(session, body, media.rules), route, request_id)
-        prefill = self.prefill.url
-        if plan.render is not None:
-            # In E/P/D the encoder renders: the hashes it stores under are the rendered ones.
-            leg, url = ("encode", encoder.url) if encoder and plan.epd else ("prefill", prefill)
-            rendered = await post_json(session, leg, url + RENDER, plan.render, request_id)
-            plan = plan_rendered(plan, rendered)
-        if plan.encode is not None and encoder is not None:
-            answer = await post_json(
-                session, "encode", encoder.url + GENERATE, plan.encode, request_id
-            )
-            plan = plan_encoded(plan, answer)
-        response = None
-        if plan.prefill is not None:
-            url = prefill + plan.prefill_route
-            response = await post_json(session, "prefill", url, plan.prefill, request_id)
-        return plan.decode.handle, decode_leg(plan, response)
+    def _blame(self, choice: Choice | None, error: PolicyError) -> Member | None:
+        """The member a worker's failure is on, counted against its health when the
+        worker failed (a 5xx, or unreachable), not the request (a 4xx)."""
+        leg = getattr(error, "leg", None)
+        member = choice.of(leg) if choice is not None and isinstance(leg, str) else None
+        if member is not None and isinstance(error, WorkerFailedToStart) and error.status >= 500:
+            self.fleet.failed(member)
+        return member
 
-    def _plan(self, body: Any, route: Route, request_id: str) -> Plan[HttpWorker]:
-        return plan_request(
-            body, route, self.candidates, self.prefill.kv, mrope=self.mrope,
-            request_id=request_id, renders=self.prefill.renders,
-            encodes=self.encoder is not None, media=self.prefill.media,
-        )  # fmt: skip
+    def _done(
+        self, route: Route, form: str, outcome: str, choice: Choice | None, life: RequestLife,
+        request_id: str, status: int, arrived: float,
+    ) -> None:  # fmt: skip
+        self.metrics.requests.labels(route.value, form, outcome).inc()
+        self._log(request_id, route, choice, form, status, outcome, life.attempt, arrived)
+
+    def _log(
+        self, request_id: str, route: Route, choice: Choice | None, form: str | None,
+        status: int, outcome: str, attempts: int, arrived: float,
+    ) -> None:  # fmt: skip
+        line = {
+            "request_id": request_id, "route": route.value, "status": status, "outcome": outcome,
+            "form": form, "attempts": attempts,
+            "prefill": choice.prefill.name if choice else None,
+            "decode": choice.decode.name if choice else None,
+            "encoder": choice.encoder.name if choice and choice.encoder else None,
+            "ms": round((time.monotonic() - arrived) * 1e3, 1),
+        }  # fmt: skip
+        requests_log.info(json.dumps(line, separators=(",", ":")))

@@ -12,8 +12,11 @@ After the status line has gone out, a failure is the stream's last event.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
+
+import attrs
 
 from pd_policy import MalformedRequest, PolicyError, WorkerFailedToStart, WorkerStreamError
 
@@ -22,7 +25,9 @@ from .codec import dumps, loads
 from .legs import Leg
 from .scale_out import Derender
 
-__all__ = ["REQUEST_ID_HEADER", "error_response", "post_json", "relay_decode"]
+__all__ = [
+    "REQUEST_ID_HEADER", "Relayed", "error_response", "post_json", "relay_decode", "unreachable",
+]  # fmt: skip
 
 #: The header vLLM takes a request's id from; every leg of a request carries the same.
 REQUEST_ID_HEADER: Final = "X-Request-Id"
@@ -44,23 +49,36 @@ async def _worker_error(leg: str, response: aiohttp.ClientResponse) -> WorkerFai
     return WorkerFailedToStart(leg, detail=detail, http_status=response.status)
 
 
-def _headers(request_id: str) -> dict[str, str]:
-    return {REQUEST_ID_HEADER: request_id, "Content-Type": _JSON}
+def _headers(request_id: str, extra: Mapping[str, str] | None) -> dict[str, str]:
+    return {REQUEST_ID_HEADER: request_id, "Content-Type": _JSON, **(extra or {})}
+
+
+def unreachable(leg: str, exc: BaseException) -> WorkerFailedToStart:
+    """A leg whose worker could not be reached: a 503 naming the kind of failure, never
+    the worker's address (a URL may carry credentials)."""
+    return WorkerFailedToStart(leg, detail=f"the worker could not be reached "
+                               f"({type(exc).__name__})", http_status=503)  # fmt: skip
 
 
 async def post_json(
-    session: aiohttp.ClientSession, leg: str, url: str, body: Any, request_id: str
+    session: aiohttp.ClientSession,
+    leg: str,
+    url: str,
+    body: Any,
+    request_id: str,
+    headers: Mapping[str, str] | None = None,
 ) -> Any:
-    """POST ``body`` and return the JSON answer. Raises ``WorkerFailedToStart`` for a
-    worker that cannot be reached (503) or answers with an error (its status), and a
-    ``WorkerStreamError`` (502) for a 200 that is not JSON."""
+    """POST ``body`` (with ``headers``: the workers' key) and return the JSON answer.
+    Raises ``WorkerFailedToStart`` for a worker that cannot be reached (503) or answers
+    with an error (its status), and a ``WorkerStreamError`` (502) for a 200 that is not
+    JSON."""
     try:
-        async with session.post(url, data=dumps(body), headers=_headers(request_id)) as response:
-            if response.status != 200:
-                raise await _worker_error(leg, response)
-            raw = await response.read()
+        async with session.post(url, data=dumps(body), headers=_headers(request_id, headers)) as r:
+            if r.status != 200:
+                raise await _worker_error(leg, r)
+            raw = await r.read()
     except aiohttp.ClientError as exc:
-        raise WorkerFailedToStart(leg, detail=str(exc), http_status=503) from exc
+        raise unreachable(leg, exc) from exc
     return _json(raw, leg, f"the {leg} response")
 
 
@@ -86,6 +104,7 @@ async def _derendered(
     derender: Derender,
     up: aiohttp.ClientResponse,
     request_id: str,
+    headers: Mapping[str, str] | None,
 ) -> AsyncIterator[bytes]:
     state = None
     first = True
@@ -94,14 +113,27 @@ async def _derendered(
             break
         chunk = _json(data, "decode", "a decode event")
         answer = await post_json(
-            session, "decode", url + derender.route, derender.chunk(chunk, state), request_id
-        )
+            session, "decode", url + derender.route, derender.chunk(chunk, state), request_id,
+            headers,
+        )  # fmt: skip
         if not isinstance(answer, dict) or "chunk" not in answer:
             raise WorkerStreamError("decode", detail="the derender gave no chunk", http_status=502)
         state = answer.get("stream_state")
         yield dumps(derender.with_prompt_ids(answer["chunk"]) if first else answer["chunk"])
         first = False
     yield b"[DONE]"
+
+
+@attrs.define
+class Relayed:
+    """What relaying a decode did: the client's response; the failure that ended its
+    stream after the status line had gone out (too late for a retry), if any; when the
+    first byte went to the client; and the bytes of the decode leg sent."""
+
+    response: web.StreamResponse
+    late_error: PolicyError | None
+    first_byte: float
+    sent: int
 
 
 async def relay_decode(
@@ -112,44 +144,59 @@ async def relay_decode(
     request_id: str,
     *,
     stream: bool,
-) -> web.StreamResponse:
-    """Send the decode ``leg`` to the worker at ``url`` and answer the client ``request``
-    with what it returns, as an event stream when ``stream``."""
+    headers: Mapping[str, str] | None = None,
+) -> Relayed:
+    """Send the decode ``leg`` to the worker at ``url`` (with ``headers``: the workers'
+    key) and answer the client ``request`` with what it returns, as an event stream when
+    ``stream``.
+
+    Raises the leg's failure (``WorkerFailedToStart``, ``WorkerStreamError``, a policy
+    error of the derender) when it comes before any byte went to the client, so that
+    the request may be tried again; after that, the failure is the stream's last event
+    and [`Relayed.late_error`][pd_policy_vllm.http.relay.Relayed]."""
     out: web.StreamResponse | None = None
+    data = dumps(leg.body)
     try:
         async with session.post(
-            url + leg.route, data=dumps(leg.body), headers=_headers(request_id)
+            url + leg.route, data=data, headers=_headers(request_id, headers)
         ) as up:
             if up.status != 200:
-                return error_response(await _worker_error("decode", up))
+                raise await _worker_error("decode", up)
             if not stream:
                 raw = await up.read()
                 if leg.derender is not None:
                     whole = leg.derender.whole(_json(raw, "decode", "the decode response"))
                     answer = await post_json(
-                        session, "decode", url + leg.derender.route, whole, request_id
+                        session, "decode", url + leg.derender.route, whole, request_id, headers
                     )
-                    answer = leg.derender.with_prompt_ids(answer)
-                    return web.Response(body=dumps(answer), content_type=_JSON)
+                    raw = dumps(leg.derender.with_prompt_ids(answer))
                 # The worker's answer is the client's, byte for byte: no parse, no dump.
-                return web.Response(body=raw, content_type=_JSON)
+                return Relayed(web.Response(body=raw, content_type=_JSON), None,
+                               time.monotonic(), len(data))  # fmt: skip
             out = web.StreamResponse(headers=_EVENTS)
             await out.prepare(request)
+            first = time.monotonic()
             if leg.derender is None:
                 async for piece in up.content.iter_any():
                     await out.write(piece)
             else:
-                async for data in _derendered(session, url, leg.derender, up, request_id):
-                    await out.write(b"data: " + data + b"\n\n")
+                events = _derendered(session, url, leg.derender, up, request_id, headers)
+                async for event in events:
+                    await out.write(b"data: " + event + b"\n\n")
     except (aiohttp.ClientError, PolicyError) as exc:
         error = (
             exc
             if isinstance(exc, PolicyError)
-            else WorkerStreamError("decode", detail=str(exc), http_status=502)
+            else WorkerStreamError("decode", detail=type(exc).__name__, http_status=502)
         )
         if out is None:
-            return error_response(error)
+            if isinstance(exc, aiohttp.ClientConnectionError) and not isinstance(
+                exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError
+            ):  # fmt: skip
+                raise unreachable("decode", exc) from exc
+            raise error from exc
         await out.write(b"data: " + dumps(error.to_body()) + b"\n\ndata: [DONE]\n\n")
-    assert out is not None
+        await out.write_eof()
+        return Relayed(out, error, first, len(data))
     await out.write_eof()
-    return out
+    return Relayed(out, None, first, len(data))

@@ -27,7 +27,8 @@ from servers import running
 
 from pd_policy import KvConnectorMode, PrefillKv
 from pd_policy_vllm.http import HttpWorker, capability_from_config, prefill_kv_from_config
-from pd_policy_vllm.http.cli import parser, read_workers
+from pd_policy_vllm.http.cli import read_workers
+from pd_policy_vllm.http.flags import parser
 from pd_policy_vllm.http.proxy import Proxy
 
 

@@ -21,7 +21,8 @@ from http_peers import InProcessProxy, http_json
 from qwen_prompts import _WORDS, A, B
 
 from pd_policy import EncoderCacheRole
-from pd_policy_vllm.http.cli import parser, read_encoder, read_workers
+from pd_policy_vllm.http.cli import read_encoder, read_workers
+from pd_policy_vllm.http.flags import parser
 from pd_policy_vllm.http.scale_out import GENERATE, RENDER
 
 IMAGES = {"A": A, "B": B}

@@ -27,7 +27,8 @@ from servers import running
 
 from pd_policy import Support, WorkerCapability
 from pd_policy_vllm.http import HttpWorker
-from pd_policy_vllm.http.cli import parser, read_workers
+from pd_policy_vllm.http.cli import read_workers
+from pd_policy_vllm.http.flags import parser
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.http.scale_out import DERENDER, GENERATE, RENDER
 

@@ -1,0 +1,111 @@
+"""One attempt at a request: its legs, on the members the fleet chose, up to the decode leg.
+
+The plan is the policy's ([`plan`][pd_policy_vllm.http.plan]); this module does its
+I/O in order (render, encode, prefill), moving the request's life through its stages
+([`pd_policy.lifecycle`][pd_policy.lifecycle]) and timing each leg. It returns the decode
+leg for the proxy to relay; any failure is raised, naming its leg, for the proxy to
+decide whether the request is tried again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from pd_policy import DecodeCandidate, RequestLife, Stage, begin
+from pd_policy_vllm.http.aio import aiohttp
+from pd_policy_vllm.http.fleet.members import Member
+from pd_policy_vllm.http.fleet.metrics import Metrics
+from pd_policy_vllm.http.fleet.routing import Choice, decode_capability
+from pd_policy_vllm.http.legs import Leg
+from pd_policy_vllm.http.pin import RemoteMedia, pin_remote_media, refuse_remote_media
+from pd_policy_vllm.http.plan import Plan, decode_leg, plan_encoded, plan_rendered, plan_request
+from pd_policy_vllm.http.relay import post_json
+from pd_policy_vllm.http.request import Route
+from pd_policy_vllm.http.scale_out import GENERATE, RENDER
+
+__all__ = ["Attempt", "Prepared", "remote_media_for"]
+
+
+def remote_media_for(mode: RemoteMedia | None, prefill: Member) -> RemoteMedia:
+    """What to do with remote media on ``prefill``: ``mode``, or by default fetch it when
+    the worker's rules are known and leave it uncached when they are not."""
+    if mode is not None:
+        return mode
+    return RemoteMedia.FETCH if prefill.worker.media.rules.known else RemoteMedia.UNCACHED
+
+
+@attrs.frozen(slots=True)
+class Prepared:
+    """An attempt up to its decode leg: the plan, the leg, and the request's life."""
+
+    plan: Plan[Member]
+    leg: Leg
+    life: RequestLife
+
+
+@attrs.frozen(slots=True)
+class Attempt:
+    """What every attempt of the proxy shares: its session, the workers' headers, its
+    metrics, whether the model uses M-RoPE, and its remote media mode (``None``: by
+    each prefill's rules)."""
+
+    session: aiohttp.ClientSession
+    headers: Mapping[str, str]
+    metrics: Metrics
+    mrope: bool
+    remote_media: RemoteMedia | None
+
+    def plan(self, body: Any, route: Route, request_id: str, choice: Choice) -> Plan[Member]:
+        """The policy's plan on ``choice``'s members (raises every refusal it makes)."""
+        prefill, decode = choice.prefill, choice.decode
+        candidate = DecodeCandidate(decode_capability(decode, prefill), decode)
+        return plan_request(
+            body, route, [candidate], prefill.worker.kv, mrope=self.mrope,
+            request_id=request_id, renders=prefill.worker.renders,
+            encodes=choice.encoder is not None, media=prefill.worker.media,
+        )  # fmt: skip
+
+    async def _post(self, life: RequestLife, stage: Stage, leg: str, url: str, body: Any,
+                    request_id: str) -> tuple[RequestLife, Any]:  # fmt: skip
+        life = begin(life, stage)
+        started = time.monotonic()
+        answer = await post_json(self.session, leg, url, body, request_id, self.headers)
+        self.metrics.legs.labels(leg).observe(time.monotonic() - started)
+        return life, answer
+
+    async def prepare(
+        self, life: RequestLife, body: Any, route: Route, request_id: str, choice: Choice
+    ) -> Prepared:
+        """Run the legs before decode on ``choice``; the decode leg to send."""
+        prefill = choice.prefill
+        plan = self.plan(body, route, request_id, choice)
+        mode = remote_media_for(self.remote_media, prefill)
+        if plan.uncached and mode is RemoteMedia.REFUSE:
+            refuse_remote_media(body, prefill.worker.media.rules)
+        if plan.uncached and plan.prefill is not None and mode is RemoteMedia.FETCH:
+            # Fetched once, after every refusal the policy can make without it: the same
+            # bytes to every leg, and an identity that is their hash.
+            pinned = await pin_remote_media(self.session, body, prefill.worker.media.rules)
+            plan = self.plan(pinned, route, request_id, choice)
+        encoder = choice.encoder
+        if plan.render is not None:
+            # In E/P/D the encoder renders: the hashes it stores under are the rendered ones.
+            leg, at = ("encode", encoder) if encoder and plan.epd else ("prefill", prefill)
+            life, rendered = await self._post(life, Stage.RENDERING, leg, at.url + RENDER,
+                                              plan.render, request_id)  # fmt: skip
+            plan = plan_rendered(plan, rendered)
+        if plan.encode is not None and encoder is not None:
+            url = encoder.url + GENERATE
+            life, answer = await self._post(life, Stage.ENCODING, "encode", url, plan.encode,
+                                            request_id)  # fmt: skip
+            plan = plan_encoded(plan, answer)
+        response = None
+        if plan.prefill is not None:
+            life, response = await self._post(life, Stage.PREFILLING, "prefill",
+                                              prefill.url + plan.prefill_route, plan.prefill,
+                                              request_id)  # fmt: skip
+        return Prepared(plan, decode_leg(plan, response), begin(life, Stage.DECODING))

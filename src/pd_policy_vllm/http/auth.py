@@ -1,0 +1,98 @@
+"""Who may call the proxy, and the key it calls its workers with.
+
+Production workers run ``vllm serve --api-key``, and a proxy is a front door. The
+workers' key goes on every leg (``Authorization: Bearer``); the clients' keys, when any
+are set, are required of every request but ``/health``, and compared in constant time.
+Keys come from the environment or from files, never from a flag that ``ps`` shows, and
+no repr, log line, error or metric ever holds one.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+import attrs
+
+from pd_policy import InvalidConfiguration
+
+__all__ = ["CLIENT_KEYS_ENV", "WORKER_KEY_ENV", "Keys", "read_keys"]
+
+#: The environment variable the workers' key is read from.
+WORKER_KEY_ENV: Final = "PD_POLICY_WORKER_API_KEY"
+#: The environment variable the clients' keys are read from (comma-separated).
+CLIENT_KEYS_ENV: Final = "PD_POLICY_API_KEYS"
+_BEARER: Final = "bearer "
+
+
+def _hidden(value: object) -> str:
+    return "<unset>" if not value else "<redacted>"
+
+
+@attrs.frozen(slots=True)
+class Keys:
+    """The workers' key (``None``: they take none) and the keys clients may present
+    (empty: any client may call)."""
+
+    worker: str | None = attrs.field(default=None, repr=_hidden)
+    clients: tuple[str, ...] = attrs.field(default=(), repr=_hidden)
+
+    def worker_headers(self) -> dict[str, str]:
+        """The headers every leg to a worker carries."""
+        return {"Authorization": f"Bearer {self.worker}"} if self.worker else {}
+
+    def admits(self, authorization: str | None) -> bool:
+        """Whether a request whose ``Authorization`` header is ``authorization`` may call.
+
+        Every key is compared, each in constant time, so the time taken says nothing about
+        which key, or how much of one, matched."""
+        if not self.clients:
+            return True
+        if not authorization or authorization[: len(_BEARER)].lower() != _BEARER:
+            return False
+        given = authorization[len(_BEARER) :].strip().encode("utf-8", "surrogatepass")
+        matched = False
+        for key in self.clients:
+            matched |= hmac.compare_digest(given, key.encode("utf-8", "surrogatepass"))
+        return matched
+
+
+def _lines(path: Path, what: str) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeError):
+        # The path may be secret-bearing; name the setting, not the file's content.
+        raise InvalidConfiguration(f"cannot read the {what} file", param=what) from None
+    return [line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"]
+
+
+def read_keys(
+    env: Mapping[str, str] | None = None,
+    *,
+    worker_key_file: Path | None = None,
+    client_keys_file: Path | None = None,
+) -> Keys:
+    """The keys, from files when given, else from the environment (``env``: the process's
+    by default). A worker key file holds one key; a client keys file one key a line
+    (``#`` starts a comment). Raises
+    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a file that
+    cannot be read, or that holds no key, or more than one worker key."""
+    env = os.environ if env is None else env
+    if worker_key_file is not None:
+        lines = _lines(worker_key_file, "worker_api_key_file")
+        if len(lines) != 1:
+            raise InvalidConfiguration("the worker key file must hold one key",
+                                       param="worker_api_key_file")  # fmt: skip
+        worker: str | None = lines[0]
+    else:
+        worker = env.get(WORKER_KEY_ENV) or None
+    if client_keys_file is not None:
+        clients = _lines(client_keys_file, "api_keys_file")
+        if not clients:
+            raise InvalidConfiguration("the client keys file holds no key", param="api_keys_file")
+    else:
+        clients = [k.strip() for k in env.get(CLIENT_KEYS_ENV, "").split(",") if k.strip()]
+    return Keys(worker, tuple(clients))

@@ -1,0 +1,126 @@
+"""The command line of ``pd-policy-proxy``: what each flag means, and its default.
+
+Workers are named by URL, IPv6 literals in brackets (``http://[::1]:8100``); each of
+``--prefill``, ``--decode`` and ``--encode`` repeats. Keys never come from a flag that
+``ps`` would show: ``--worker-api-key-file`` and ``--api-keys-file``, or the environment
+([`auth`][pd_policy_vllm.http.auth]).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pd_policy import Balance, KvConnectorMode
+
+from .fleet.describe import CAPABILITIES, OperatorSays
+from .pin import RemoteMedia
+
+__all__ = ["operator_says", "parser"]
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``pd-policy-proxy``."""
+    cli = argparse.ArgumentParser(
+        prog="pd-policy-proxy", description="A P/D proxy in front of vllm serve workers."
+    )
+    add = cli.add_argument
+    add("--prefill", required=True, action="append", help="a prefill worker's URL (repeat)")
+    add("--decode", required=True, action="append", help="a decode worker's URL (repeat)")
+    add(
+        "--encode",
+        action="append",
+        default=[],
+        help="an encoder-only worker's URL (ec_producer; repeat): E/P/D for media",
+    )
+    add("--host", default="127.0.0.1", help="address to bind (127.0.0.1; ::1 for IPv6)")
+    add("--port", type=int, default=8000, help="port to bind (8000)")
+    add(
+        "--processes",
+        type=int,
+        default=1,
+        help="proxy processes sharing the port (SO_REUSEPORT), each with its own state",
+    )
+    mrope = cli.add_mutually_exclusive_group()
+    mrope.add_argument("--mrope", action="store_true", default=None, help="the model uses M-RoPE")
+    mrope.add_argument("--no-mrope", dest="mrope", action="store_false", help="it does not")
+    add(
+        "--kv-mode",
+        choices=[m.value for m in KvConnectorMode],
+        help="the prefills' handoff contract, when their servers do not say (or override)",
+    )
+    add("--bootstrap-port", type=int, help="the Mooncake bootstrap port (8998)")
+    add(
+        "--decode-capability",
+        choices=sorted(CAPABILITIES),
+        help="the capability of a decode worker that does not describe itself",
+    )
+    add(
+        "--remote-media",
+        choices=[m.value for m in RemoteMedia],
+        help="what to do with a remote media URL: fetch it once for every leg (the default "
+        "when the prefill describes its media rules), leave it uncached (the default "
+        "otherwise), or refuse it",
+    )
+    add(
+        "--allowed-media-domains",
+        nargs="*",
+        metavar="HOST",
+        help="the workers' --allowed-media-domains, when their servers do not say (none: any "
+        "host); with it the proxy may fetch remote media for them",
+    )
+    add(
+        "--worker-api-key-file",
+        type=Path,
+        help="a file holding the workers' API key (else $PD_POLICY_WORKER_API_KEY)",
+    )
+    add(
+        "--api-keys-file",
+        type=Path,
+        help="a file of the keys clients may call with, one a line (else $PD_POLICY_API_KEYS;"
+        " none: any client)",
+    )
+    add(
+        "--attempts",
+        type=int,
+        default=2,
+        help="attempts per request in all: a worker's failure before any byte reached the "
+        "client is tried again on other workers (2)",
+    )
+    add(
+        "--probe-interval",
+        type=float,
+        default=2.0,
+        help="seconds between health probes of every worker (0: no probes) (2)",
+    )
+    add(
+        "--balance",
+        choices=[b.value for b in Balance],
+        default=Balance.LEAST_OUTSTANDING.value,
+        help="how load is balanced among equally good workers",
+    )
+    add(
+        "--affinity-bound",
+        type=float,
+        default=1.25,
+        help="a worker takes its media's requests until it holds this x the mean (1.25)",
+    )
+    add(
+        "--admin",
+        action="store_true",
+        help="serve /admin/workers: list, add and drain workers at run time",
+    )
+    add("--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers")
+    add("--no-access-log", dest="access_log", action="store_false", help="log no requests")
+    return cli
+
+
+def operator_says(args: argparse.Namespace) -> OperatorSays:
+    """What the flags say of workers that do not describe themselves."""
+    domains = args.allowed_media_domains
+    return OperatorSays(
+        kv_mode=KvConnectorMode(args.kv_mode) if args.kv_mode else None,
+        bootstrap_port=args.bootstrap_port,
+        capability=CAPABILITIES[args.decode_capability] if args.decode_capability else None,
+        allowed_media_domains=tuple(domains) if domains is not None else None,
+    )

@@ -1,0 +1,142 @@
+"""What a worker is, read from its server, or from what the operator says of it.
+
+A worker is described whole, whatever its role: its capability (``supports_vision``,
+``accepts_mm_metadata``, its encoder-cache role), how it hands KV over, whether it
+serves vLLM's scale-out routes, and what it does with media. The proxy reads it at
+start-up, and again each time the worker comes back after an ejection: a worker
+restarted as another kind (with ``--language-model-only``, say) is routed as what it
+is now, never as what it was.
+
+vLLM's HTTP server describes itself only in development mode
+(``VLLM_SERVER_DEV_MODE=1``): ``GET /server_info?config_format=json``. For a worker
+that does not, the [`OperatorSays`][pd_policy_vllm.http.fleet.describe.OperatorSays]
+flags do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import attrs
+
+from pd_policy import (
+    InvalidConfiguration,
+    KvConnectorMode,
+    MediaFetchRules,
+    PrefillKv,
+    Support,
+    WorkerCapability,
+)
+from pd_policy_vllm.http.aio import aiohttp
+from pd_policy_vllm.http.identity import WorkerMedia
+from pd_policy_vllm.http.scale_out import DERENDER, RENDER
+from pd_policy_vllm.http.workers import (
+    HttpWorker,
+    capability_from_config,
+    media_from_config,
+    prefill_kv_from_config,
+)
+
+__all__ = ["CAPABILITIES", "OperatorSays", "describe", "server_info"]
+
+#: What ``--decode-capability`` can say of a decode worker that does not describe itself.
+CAPABILITIES: Final = {
+    "vision": WorkerCapability(Support.TRUE),
+    "lm-only": WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.FALSE),
+    "lm-only+metadata": WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE),
+}
+
+
+@attrs.frozen(slots=True)
+class OperatorSays:
+    """What the operator says of workers that do not describe themselves (and what
+    overrides them): the KV handoff contract and Mooncake bootstrap port, a decode
+    worker's capability, and the media domains a worker allows (``None``: unknown)."""
+
+    kv_mode: KvConnectorMode | None = None
+    bootstrap_port: int | None = None
+    capability: WorkerCapability | None = None
+    allowed_media_domains: tuple[str, ...] | None = None
+
+
+async def server_info(
+    session: aiohttp.ClientSession, url: str, headers: Mapping[str, str]
+) -> dict[str, Any] | None:
+    """The worker's ``/server_info`` (its ``vllm_config`` and ``vllm_env``), or ``None``
+    when it does not serve it. Raises ``aiohttp.ClientError`` when it cannot be reached."""
+    async with session.get(
+        f"{url}/server_info", params={"config_format": "json"}, headers=headers
+    ) as response:
+        if response.status != 200:
+            return None
+        info = await response.json()
+    return info if isinstance(info, dict) else None
+
+
+async def _serves(
+    session: aiohttp.ClientSession, url: str, route: str, headers: Mapping[str, str]
+) -> bool:
+    # Without --enable-scale-out every such route answers 403, and a server without the
+    # route 404; with it, an empty body is a validation error (400 or 422).
+    async with session.post(url + route, json={}, headers=headers) as response:
+        return response.status in (400, 422)
+
+
+def _host(url: str) -> str | None:
+    # urlsplit keeps an IPv6 literal whole ("::1" of "http://[::1]:8000").
+    return urlsplit(url).hostname
+
+
+async def describe(
+    session: aiohttp.ClientSession,
+    url: str,
+    role: str,
+    says: OperatorSays,
+    headers: Mapping[str, str] | None = None,
+) -> HttpWorker:
+    """The ``role`` (``prefill``, ``decode`` or ``encode``) worker at ``url``, as its
+    server describes it, else as ``says``.
+
+    ``headers`` go with every call (the workers' API key). ``renders`` says whether it
+    serves vLLM's scale-out routes: a prefill or an encoder the render route, a decode
+    the derender route. Raises ``aiohttp.ClientError`` for a worker that cannot be
+    reached, and [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for
+    one this library cannot serve: a prefill whose KV connector neither it nor the
+    operator names, settings of the wrong type.
+    """
+    headers = dict(headers or {})
+    info = await server_info(session, url, headers)
+    route = DERENDER if role == "decode" else RENDER
+    renders = await _serves(session, url, route, headers)
+    config = info.get("vllm_config") if info is not None else None
+    if isinstance(config, Mapping):
+        capability = capability_from_config(config)
+        media = media_from_config(config, info.get("vllm_env") if info else None)
+    else:
+        capability = says.capability if says.capability is not None else WorkerCapability()
+        media = WorkerMedia()
+        if says.allowed_media_domains is not None:
+            # The operator states the worker's rules: an empty list is vLLM's "any host".
+            rules = MediaFetchRules(allowed_domains=says.allowed_media_domains, known=True)
+            media = WorkerMedia(rules)
+    kv = PrefillKv(KvConnectorMode.NIXL)
+    if role == "prefill":
+        kv = _prefill_kv(config, url, says)
+    return HttpWorker(url, capability, kv=kv, renders=renders, media=media)
+
+
+def _prefill_kv(config: Any, url: str, says: OperatorSays) -> PrefillKv:
+    if isinstance(config, Mapping):
+        return prefill_kv_from_config(
+            config, url, mode=says.kv_mode, bootstrap_port=says.bootstrap_port
+        )
+    if says.kv_mode is None:
+        raise InvalidConfiguration(
+            "a prefill worker does not describe its KV connector (run it with "
+            "VLLM_SERVER_DEV_MODE=1): pass --kv-mode",
+            param="kv_mode",
+        )
+    return PrefillKv(says.kv_mode, bootstrap_host=_host(url),
+                     bootstrap_port=says.bootstrap_port or 8998)  # fmt: skip

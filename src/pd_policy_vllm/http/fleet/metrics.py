@@ -1,0 +1,68 @@
+"""What the proxy shows Prometheus at ``GET /metrics``.
+
+- ``pd_policy_requests_total{route, form, outcome}``: requests by the decode form they
+  took and their outcome (``ok``, or the refusal's or failure's error code);
+- ``pd_policy_leg_seconds{leg}``: each leg's latency (render, encode, prefill, decode);
+- ``pd_policy_ttft_seconds``: from the request's arrival to its first byte to the client;
+- ``pd_policy_decode_leg_bytes``: the bytes of each decode leg the proxy sent;
+- ``pd_policy_worker_outstanding{role, worker}`` and ``pd_policy_worker_up{role, worker}``
+  (1 when routable): each member's load and health;
+- ``pd_policy_retries_total{leg}`` and ``pd_policy_ejections_total{role, worker}``.
+
+A ``worker`` label is the member's name (``scheme://host:port``): no credentials, no
+path. No label holds a key, a salt or a request's content. Each proxy has a registry of
+its own (tests run several in one process).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from pd_policy import Health, routable
+from pd_policy_vllm.http.fleet.members import Fleet, Member
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+#: The ``/metrics`` content type (Prometheus' text format).
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_BYTES: Final = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+
+
+class Metrics:
+    """The proxy's metrics, in a registry of their own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("pd_policy_requests", "Requests, by decode form and outcome",
+                                ["route", "form", "outcome"], registry=r)  # fmt: skip
+        self.legs = Histogram("pd_policy_leg_seconds", "Each leg's latency", ["leg"],
+                              buckets=_LATENCY, registry=r)  # fmt: skip
+        self.ttft = Histogram("pd_policy_ttft_seconds", "Arrival to the first byte out",
+                              buckets=_LATENCY, registry=r)  # fmt: skip
+        self.decode_bytes = Histogram("pd_policy_decode_leg_bytes", "Bytes of each decode leg",
+                                      buckets=_BYTES, registry=r)  # fmt: skip
+        self.outstanding = Gauge("pd_policy_worker_outstanding", "Requests a member holds",
+                                 ["role", "worker"], registry=r)  # fmt: skip
+        self.up = Gauge("pd_policy_worker_up", "1 when the member is routed to",
+                        ["role", "worker"], registry=r)  # fmt: skip
+        self.retries = Counter("pd_policy_retries", "Attempts planned again, by the leg that "
+                               "failed", ["leg"], registry=r)  # fmt: skip
+        self.ejections = Counter("pd_policy_ejections", "Members ejected",
+                                 ["role", "worker"], registry=r)  # fmt: skip
+
+    def health_changed(self, member: Member, before: Health) -> None:
+        """Follow a member's health (the fleet's ``on_change``)."""
+        self.up.labels(member.role, member.name).set(1 if routable(member.health) else 0)
+        if member.health.health is Health.EJECTED and before is not Health.EJECTED:
+            self.ejections.labels(member.role, member.name).inc()
+
+    def render(self, fleet: Fleet) -> bytes:
+        """The text format, with every member's load and health as they are now."""
+        for member in fleet:
+            self.outstanding.labels(member.role, member.name).set(member.outstanding)
+            self.up.labels(member.role, member.name).set(1 if routable(member.health) else 0)
+        return generate_latest(self.registry)

@@ -1,0 +1,101 @@
+"""Which members of the fleet take one attempt at a request: a prefill, a decode, and in
+E/P/D an encoder, chosen by the core's rules before any worker is called.
+
+For each role the compatible members come first (the core's selection over each one's
+current description), then the routable ones, then affinity or load
+([`Fleet.choose`][pd_policy_vllm.http.fleet.members.Fleet.choose]). The prefill and the
+encoder are chosen by affinity to the request's media, whose prefix and encoder caches
+they hold; the decode by load. A decode worker that takes M-RoPE metadata takes it
+only when it and the chosen prefill both serve vLLM's scale-out routes; else it is a
+plainly language-model-only worker for this request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from pd_policy import (
+    DecodeCandidate,
+    MultimodalNotSupported,
+    Support,
+    WorkerCapability,
+    select_decode_workers,
+    select_encoder_workers,
+    select_prefill_workers,
+)
+from pd_policy_vllm.http.fleet.members import Fleet, Member
+from pd_policy_vllm.http.plan import as_decided, runs_epd
+from pd_policy_vllm.http.request import Route, policy_request
+
+__all__ = ["Choice", "choose_members", "decode_capability"]
+
+
+@attrs.frozen(slots=True)
+class Choice:
+    """The members one attempt goes to (no encoder outside E/P/D)."""
+
+    prefill: Member
+    decode: Member
+    encoder: Member | None = None
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        return tuple(m for m in (self.encoder, self.prefill, self.decode) if m is not None)
+
+    def of(self, leg: str) -> Member | None:
+        """The member of ``leg`` (``encode``, ``prefill``, ``decode``)."""
+        return {"encode": self.encoder, "prefill": self.prefill, "decode": self.decode}.get(leg)
+
+
+def decode_capability(decode: Member, prefill: Member) -> WorkerCapability:
+    """``decode``'s capability for a request prefilled on ``prefill``: the metadata path
+    needs the scale-out routes on both."""
+    capability = decode.worker.capability
+    if capability.takes_mm_metadata and not (decode.worker.renders and prefill.worker.renders):
+        return attrs.evolve(capability, accepts_mm_metadata=Support.FALSE)
+    return capability
+
+
+def _candidates(members: Sequence[Member]) -> list[DecodeCandidate[Member]]:
+    return [DecodeCandidate(m.worker.capability, m) for m in members]
+
+
+def choose_members(
+    fleet: Fleet, body: Mapping[str, Any], route: Route, *, mrope: bool,
+    exclude: Sequence[str] = (),
+) -> Choice:  # fmt: skip
+    """The members that take an attempt at ``body``, leaving out those named in
+    ``exclude`` (an earlier attempt failed on them).
+
+    Raises what [`plan_request`][pd_policy_vllm.http.plan.plan_request] raises before
+    prefill for a body no worker could serve (the carve-outs, a malformed body),
+    [`MultimodalNotSupported`][pd_policy.errors.MultimodalNotSupported] (400) when no
+    listed prefill worker can process its media, and
+    [`NoWorkerAvailable`][pd_policy.errors.NoWorkerAvailable] (503, retryable) for a role
+    whose compatible members are all out of service.
+    """
+    request = policy_request(body, route, request_id="routing", mrope=mrope)
+    affinity = ",".join(h for b in request.batches for h in b.mm_hashes) or None
+    encoders = select_encoder_workers(_candidates(fleet.of("encode")))
+    epd = runs_epd(request, route, encodes=bool(encoders))
+    encoder = None
+    if epd:
+        encoder = fleet.choose("encode", [c.handle for c in encoders], affinity=affinity,
+                               exclude=exclude)  # fmt: skip
+    listed = fleet.of("prefill")
+    prefills = select_prefill_workers(request, _candidates(listed), encoded=epd)
+    if listed and not prefills:
+        raise MultimodalNotSupported(
+            "no prefill worker of this fleet can process the request's media: each runs as a "
+            "language model only, or as an encoder"
+        )
+    prefill = fleet.choose("prefill", [c.handle for c in prefills], affinity=affinity,
+                           exclude=exclude)  # fmt: skip
+    decided = as_decided(request, route, renders=prefill.worker.renders or epd)
+    decodes = [DecodeCandidate(decode_capability(m, prefill), m) for m in fleet.of("decode")]
+    compatible = [c.handle for c in select_decode_workers(decided, decodes)]
+    decode = fleet.choose("decode", compatible, exclude=exclude)
+    return Choice(prefill, decode, encoder)
