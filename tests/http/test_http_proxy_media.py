@@ -15,9 +15,9 @@ from aiohttp import web
 
 from pd_policy import KvConnectorMode, MediaFetchRules, PrefillKv, Support, WorkerCapability
 from pd_policy_vllm.http import HttpWorker
+from pd_policy_vllm.http.attempt import remote_media_for
 from pd_policy_vllm.http.identity import WorkerMedia
 from pd_policy_vllm.http.pin import PINNED_MEDIA_TYPE, RemoteMedia
-from pd_policy_vllm.http.attempt import remote_media_for
 from pd_policy_vllm.http.proxy import Proxy
 
 
