@@ -53,6 +53,7 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
         "pd_media_unreachable",
         "no_prefill_worker_available",
         "no_encode_worker_available",
+        "pd_unauthorized",
     }
     assert ERROR_CATALOG["pd_invalid_configuration"].status == 500
     assert not ERROR_CATALOG["pd_invalid_configuration"].retryable

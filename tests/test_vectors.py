@@ -29,8 +29,9 @@ def test_the_vectors_cover_every_form_and_every_policy_error() -> None:
     assert {o.get("form") for o in outcomes} >= {f.value for f in DecodeForm}
     transport = {f"{leg}_{what}" for leg in ("encode", "prefill", "decode")
                  for what in ("worker_failed_to_start", "stream_error")}  # fmt: skip
-    # What a fetch met is I/O, which no pure operation shows: tests/http/test_http_pin.py.
-    fetched = {"pd_media_fetch_failed", "pd_media_unreachable"}
+    # What a fetch met is I/O, which no pure operation shows (tests/http/test_http_pin.py),
+    # and a key is the front door's (tests/http/test_http_fleet.py).
+    fetched = {"pd_media_fetch_failed", "pd_media_unreachable", "pd_unauthorized"}
     assert {o.get("error_code") for o in outcomes} >= set(ERROR_CATALOG) - transport - fetched
     ids = [c["id"] for c in document["cases"]]
     assert len(ids) == len(set(ids))

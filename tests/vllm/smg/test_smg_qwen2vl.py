@@ -238,18 +238,21 @@ def test_clips_a_b_a_on_a_language_model_only_decode_that_takes_metadata(
     # A video batch takes the metadata path as an image's does: its grid (video_grid_thw),
     # hash and placeholder, and no frame, on a decode worker with no vision tower.
     variant = f"video-{mode}"
+    # The text follows the clip, so each mode needs clips of its own: a clip another mode
+    # sent is rightly served from the decode's cache.
+    a, b = (2 * routers.MODES.index(mode) + s for s in (1, 2))
 
     async def main() -> None:
-        clips = {s: video_request(fleet, variant, s) for s in (1, 2)}
-        expected = [await generate(fleet.baseline, clips[s]) for s in (1, 2)]
+        clips = {s: video_request(fleet, variant, s) for s in (a, b)}
+        expected = [await generate(fleet.baseline, clips[s]) for s in (a, b)]
         assert expected[0].logprobs != pytest.approx(expected[1].logprobs, abs=1e-4)
         with routers.mode(mode):
             pd = await sequential(fleet)
         (candidate,) = pd.candidates
-        form, leg = build_decode_leg(clips[1], candidate.worker)
+        form, leg = build_decode_leg(clips[a], candidate.worker)
         assert form.value == "mrope_metadata" and not leg.mm_inputs.HasField("pixel_values")
         assert "video_grid_thw" in leg.mm_inputs.keep_on_cpu_keys
-        served = [await streamed(pd.generate(clips[s])) for s in (1, 2, 1)]
+        served = [await streamed(pd.generate(clips[s])) for s in (a, b, a)]
         for got, want in zip(served, [expected[0], expected[1], expected[0]], strict=True):
             assert got.tokens == want.tokens
             assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5)

@@ -52,9 +52,12 @@ class Choice:
 
 def decode_capability(decode: Member, prefill: Member) -> WorkerCapability:
     """``decode``'s capability for a request prefilled on ``prefill``: the metadata path
-    needs the scale-out routes on both."""
+    needs the scale-out routes on both. A decode without them is plainly
+    language-model-only; a prefill without them leaves the request unrendered, which the
+    core refuses for the metadata path by naming what is missing (``input_ids``)."""
+    del prefill  # its part is in the request decided on (as_decided)
     capability = decode.worker.capability
-    if capability.takes_mm_metadata and not (decode.worker.renders and prefill.worker.renders):
+    if capability.takes_mm_metadata and not decode.worker.renders:
         return attrs.evolve(capability, accepts_mm_metadata=Support.FALSE)
     return capability
 
