@@ -113,6 +113,8 @@ from .media_rules import DEFAULT_FETCH_TIMEOUTS, MediaFetchRules, check_media_ur
 from .mrope import MROPE_GRID_KEYS, grids_kept_on_cpu, has_mrope_grids, mrope_metadata_gap
 from .prefill import prefill_batch, prefill_leg
 from .request import LegacyKvParams, MediaRef, Request
+from .roster import ROLES, Roster
+from .roster import Member as RosterMember
 from .salt import (
     SALT_FOLD_PREFIX,
     SALT_FOLD_VERSION,
@@ -151,6 +153,7 @@ __all__ = [
     "MM_PROCESSOR_LABEL",
     "MROPE_GRID_KEYS",
     "NIXL_PREFILL_PARAMS",
+    "ROLES",
     "SALT_FOLD_PREFIX",
     "SALT_FOLD_VERSION",
     "SUPPORTS_VISION_LABEL",
@@ -199,6 +202,8 @@ __all__ = [
     "PrefillKv",
     "Request",
     "RequestLife",
+    "Roster",
+    "RosterMember",
     "Stage",
     "Support",
     "TensorDescriptor",

@@ -10,12 +10,12 @@ decide whether the request is tried again.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
-from pd_policy import DecodeCandidate, RequestLife, Stage, begin
+from pd_policy import DecodeCandidate, MalformedRequest, RequestLife, Stage, begin
 from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.fleet.members import Member
 from pd_policy_vllm.http.fleet.metrics import Metrics
@@ -78,11 +78,23 @@ class Attempt:
         return life, answer
 
     async def prepare(
-        self, life: RequestLife, body: Any, route: Route, request_id: str, choice: Choice
-    ) -> Prepared:
-        """Run the legs before decode on ``choice``; the decode leg to send."""
+        self, life: RequestLife, body: Any, route: Route, request_id: str, choice: Choice,
+        translate: Callable[[Leg], Leg] | None = None,
+    ) -> Prepared:  # fmt: skip
+        """Run the legs before decode on ``choice``; the decode leg to send.
+
+        ``translate`` makes the decode leg of another API from the chat leg planned for
+        ``body`` (its chat equivalent: the Responses API). Such a request is refused
+        (400, before any worker is called) where the decode leg is not a chat leg: the
+        M-RoPE metadata path and E/P/D."""
         prefill = choice.prefill
         plan = self.plan(body, route, request_id, choice)
+        if translate is not None and (plan.render is not None or plan.epd):
+            raise MalformedRequest(
+                "this API is not served with media on the M-RoPE metadata path or in E/P/D: "
+                "its decode leg would be tokens; use /v1/chat/completions",
+                param="input",
+            )
         mode = remote_media_for(self.remote_media, prefill)
         if plan.uncached and mode is RemoteMedia.REFUSE:
             refuse_remote_media(body, prefill.worker.media.rules)
@@ -95,17 +107,20 @@ class Attempt:
         if plan.render is not None:
             # In E/P/D the encoder renders: the hashes it stores under are the rendered ones.
             leg, at = ("encode", encoder) if encoder and plan.epd else ("prefill", prefill)
-            life, rendered = await self._post(life, Stage.RENDERING, leg, at.url + RENDER,
+            life, rendered = await self._post(life, Stage.RENDERING, leg, at.worker.url + RENDER,
                                               plan.render, request_id)  # fmt: skip
             plan = plan_rendered(plan, rendered)
         if plan.encode is not None and encoder is not None:
-            url = encoder.url + GENERATE
+            url = encoder.worker.url + GENERATE
             life, answer = await self._post(life, Stage.ENCODING, "encode", url, plan.encode,
                                             request_id)  # fmt: skip
             plan = plan_encoded(plan, answer)
         response = None
         if plan.prefill is not None:
             life, response = await self._post(life, Stage.PREFILLING, "prefill",
-                                              prefill.url + plan.prefill_route, plan.prefill,
+                                              prefill.worker.url + plan.prefill_route, plan.prefill,
                                               request_id)  # fmt: skip
-        return Prepared(plan, decode_leg(plan, response), begin(life, Stage.DECODING))
+        to_decode = decode_leg(plan, response)
+        if translate is not None:
+            to_decode = translate(to_decode)
+        return Prepared(plan, to_decode, begin(life, Stage.DECODING))

@@ -19,6 +19,7 @@ import attrs
 
 from pd_policy import Health, InvalidConfiguration, routable
 from pd_policy_vllm.http.aio import aiohttp
+from pd_policy_vllm.http.auth import for_url
 from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
 from pd_policy_vllm.http.fleet.members import Fleet, Member
 
@@ -41,7 +42,7 @@ async def _healthy(
 ) -> bool:
     try:
         async with session.get(
-            f"{member.url}/health", headers=dict(headers),
+            f"{member.worker.url}/health", headers=for_url(headers, member.worker.url),
             timeout=aiohttp.ClientTimeout(total=probe.timeout),
         ) as response:  # fmt: skip
             return response.status == 200
@@ -69,15 +70,15 @@ async def probe_once(
         if not await _healthy(session, member, probe, headers):
             fleet.probe_failed(member)
             continue
-        due = now - described.get(member.url, float("-inf")) >= probe.redescribe
+        due = now - described.get(member.worker.url, float("-inf")) >= probe.redescribe
         if routable(member.health) and not due:
             continue
         try:
-            worker = await describe(session, member.url, member.role, probe.says, headers)
+            worker = await describe(session, member.worker.url, member.role, probe.says, headers)
         except (aiohttp.ClientError, TimeoutError, InvalidConfiguration):
             fleet.probe_failed(member)
             continue
-        described[member.url] = now
+        described[member.worker.url] = now
         if routable(member.health):
             fleet.redescribe(member, worker)
         else:
