@@ -21,6 +21,7 @@ import pytest
 from fleets import Fleets
 from http_fleets import HttpFleet, PdFleet, http_fleet, pd_fleet
 from live_engines import BLOCK_SIZE, connector, start_engine
+from pool_fleet import Pool, pool_fleet
 from tiny_audio import build_qwen2audio
 from tiny_models import BUILDERS, TinyModel
 
@@ -241,3 +242,15 @@ def pytest_terminal_summary(
     if registry is not None and registry.starts:
         starts = ", ".join(f"{key} {count}" for key, count in sorted(registry.starts.items()))
         terminalreporter.write_line(f"shared fleets started: {starts}")
+
+
+@pytest.fixture(scope="module")
+def llava_pool(request: pytest.FixtureRequest, fleets: Fleets, llava: TinyModel) -> Pool:
+    """Two LLaVA prefills and two language-model-only decodes, each killable and
+    restartable (``pool_fleet.py``), behind the fleet proxy's tests."""
+
+    def start(root: Path) -> Any:
+        return pool_fleet(llava, root)
+
+    pool: Pool = _shared_fleet(request, fleets, start)
+    return pool

@@ -64,9 +64,11 @@ def vllm_server(
     kv_config: dict[str, Any] | None = None,
     limits: dict[str, int] | None = None,
     extra: tuple[str, ...] = (),
+    port: int | None = None,
 ) -> tuple[Server, str]:
-    """``vllm serve`` of ``model`` on a free loopback port, not yet started; and its URL."""
-    port = free_port()
+    """``vllm serve`` of ``model`` on a free loopback port (or ``port``), not yet started;
+    and its URL."""
+    port = port if port is not None else free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [
         "-m", "vllm.entrypoints.openai.api_server",

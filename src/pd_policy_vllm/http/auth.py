@@ -14,12 +14,13 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit
 
 import attrs
 
 from pd_policy import InvalidConfiguration
 
-__all__ = ["CLIENT_KEYS_ENV", "WORKER_KEY_ENV", "Keys", "read_keys"]
+__all__ = ["CLIENT_KEYS_ENV", "WORKER_KEY_ENV", "Keys", "for_url", "read_keys"]
 
 #: The environment variable the workers' key is read from.
 WORKER_KEY_ENV: Final = "PD_POLICY_WORKER_API_KEY"
@@ -58,6 +59,17 @@ class Keys:
         for key in self.clients:
             matched |= hmac.compare_digest(given, key.encode("utf-8", "surrogatepass"))
         return matched
+
+
+def for_url(headers: Mapping[str, str] | None, url: str) -> dict[str, str]:
+    """``headers`` for a call to ``url``. A worker URL that carries its own credentials
+    (``http://user:password@host``) is called with them, and the workers' key is left
+    off: one request has one ``Authorization``, and aiohttp refuses both (a 500 for the
+    client, where the operator asked for the URL's)."""
+    out = dict(headers or {})
+    if "@" in urlsplit(url).netloc:
+        out.pop("Authorization", None)
+    return out
 
 
 def _lines(path: Path, what: str) -> list[str]:

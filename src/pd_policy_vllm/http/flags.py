@@ -19,6 +19,11 @@ from .pin import RemoteMedia
 __all__ = ["operator_says", "parser"]
 
 
+def _bind_host(value: str) -> str:
+    # An IPv6 literal as written in a URL ("[::1]") binds as the bare address.
+    return value[1:-1] if value.startswith("[") and value.endswith("]") else value
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line of ``pd-policy-proxy``."""
     cli = argparse.ArgumentParser(
@@ -33,7 +38,8 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         help="an encoder-only worker's URL (ec_producer; repeat): E/P/D for media",
     )
-    add("--host", default="127.0.0.1", help="address to bind (127.0.0.1; ::1 for IPv6)")
+    add("--host", type=_bind_host, default="127.0.0.1",
+        help="address to bind (127.0.0.1; ::1 or [::1] for IPv6)")  # fmt: skip
     add("--port", type=int, default=8000, help="port to bind (8000)")
     add(
         "--processes",

@@ -20,11 +20,12 @@ with the error-code header. A client that disconnects cancels both legs.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from pd_policy import (
@@ -41,16 +42,18 @@ from pd_policy import (
 
 from .aio import aiohttp, web
 from .attempt import Attempt
-from .auth import Keys
+from .auth import Keys, for_url
 from .codec import loads
 from .fleet.admin import add_admin_routes
 from .fleet.members import Fleet, Member
 from .fleet.metrics import CONTENT_TYPE, Metrics
 from .fleet.probe import Probe, probing
 from .fleet.routing import Choice, choose_members
+from .legs import Leg
 from .pin import RemoteMedia
 from .relay import REQUEST_ID_HEADER, error_response, relay_decode
 from .request import Route
+from .responses import RESPONSES, chat_equivalent, responses_decode_leg
 from .workers import HttpWorker
 
 __all__ = ["REQUEST_ID_HEADER", "Proxy"]
@@ -117,6 +120,7 @@ class Proxy:
         app = web.Application(client_max_size=256 * 2**20)
         app.router.add_post(Route.CHAT.value, self._chat)
         app.router.add_post(Route.COMPLETIONS.value, self._completions)
+        app.router.add_post(RESPONSES, self._responses)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
@@ -170,7 +174,8 @@ class Proxy:
         for member in self.fleet.of("prefill"):
             try:
                 async with self.session(request).get(
-                    f"{member.url}/v1/models", headers=self.keys.worker_headers()
+                    f"{member.worker.url}/v1/models",
+                    headers=for_url(self.keys.worker_headers(), member.worker.url),
                 ) as response:
                     if response.status == 200:
                         for model in (await response.json()).get("data", []):
@@ -188,21 +193,32 @@ class Proxy:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self.serve(request, Route.COMPLETIONS)
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        # Planned as its chat equivalent (what vLLM renders it as); its decode leg is the
+        # client's own request, with what the chat leg carries.
+        return await self.serve(request, Route.CHAT, served_as=RESPONSES)
+
     async def serve(
-        self, request: web.Request, route: Route, body: Any = None
+        self, request: web.Request, route: Route, *, served_as: str | None = None
     ) -> web.StreamResponse:
-        """Serve one client request on ``route`` (``body``: already read, for a route that
-        translates its client's body)."""
+        """Serve one client request on ``route``; ``served_as`` is the client's route when
+        it is another API that is planned as ``route`` (the Responses API, as chat)."""
         arrived = time.monotonic()
+        path = served_as or route.value
         request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         refused = self.admitted(request)
         if refused is not None:
-            self._log(request_id, route, None, None, refused.status, "pd_unauthorized", 1, arrived)
+            self._log(request_id, path, None, None, refused.status, "pd_unauthorized", 1, arrived)
             return refused
+        translate: Callable[[Leg], Leg] | None = None
         try:
-            if body is None:
-                body = loads(await request.read())  # not an object: the plan refuses it
+            body = loads(await request.read())  # not an object: the plan refuses it
+            stream = isinstance(body, dict) and bool(body.get("stream"))
+            if served_as == RESPONSES:
+                translate = functools.partial(responses_decode_leg, body)
+                body = chat_equivalent(body)
         except PolicyError as exc:
+            self._log(request_id, path, None, None, exc.status, exc.code, 1, arrived)
             return error_response(exc)
         attempt = Attempt(self.session(request), self.keys.worker_headers(), self.metrics,
                           self.mrope, self.remote_media)  # fmt: skip
@@ -217,12 +233,13 @@ class Proxy:
                 for member in choice.members:
                     member.outstanding += 1
                 try:
-                    prepared = await attempt.prepare(life, body, route, request_id, choice)
+                    prepared = await attempt.prepare(life, body, route, request_id, choice,
+                                                     translate)  # fmt: skip
                     form = prepared.plan.form.value
                     life = prepared.life
                     relayed = await relay_decode(
-                        request, self.session(request), choice.decode.url, prepared.leg,
-                        request_id, stream=bool(body.get("stream")),
+                        request, self.session(request), choice.decode.worker.url, prepared.leg,
+                        request_id, stream=stream,
                         headers=self.keys.worker_headers(),
                     )  # fmt: skip
                 finally:
@@ -238,7 +255,7 @@ class Proxy:
                 if life.stage is Stage.PLANNING:
                     self.metrics.retries.labels(getattr(exc, "leg", "plan")).inc()
                     continue
-                self._done(route, form, exc.code, choice, life, request_id, exc.status, arrived)
+                self._done(path, form, exc.code, choice, life, request_id, exc.status, arrived)
                 return error_response(exc)
             self.metrics.ttft.observe(relayed.first_byte - arrived)
             self.metrics.decode_bytes.observe(relayed.sent)
@@ -246,12 +263,12 @@ class Proxy:
             if relayed.late_error is not None:
                 self._blame(choice, relayed.late_error)
                 life = fail(life, relayed.late_error, choice.decode.name)
-                self._done(route, form, relayed.late_error.code, choice, life, request_id, 200,
+                self._done(path, form, relayed.late_error.code, choice, life, request_id, 200,
                            arrived)  # fmt: skip
                 return relayed.response
             for member in choice.members:
                 self.fleet.succeeded(member)
-            self._done(route, form, "ok", choice, done(life), request_id, 200, arrived)
+            self._done(path, form, "ok", choice, done(life), request_id, 200, arrived)
             return relayed.response
 
     def _blame(self, choice: Choice | None, error: PolicyError) -> Member | None:
@@ -264,18 +281,18 @@ class Proxy:
         return member
 
     def _done(
-        self, route: Route, form: str, outcome: str, choice: Choice | None, life: RequestLife,
+        self, route: str, form: str, outcome: str, choice: Choice | None, life: RequestLife,
         request_id: str, status: int, arrived: float,
     ) -> None:  # fmt: skip
-        self.metrics.requests.labels(route.value, form, outcome).inc()
+        self.metrics.requests.labels(route, form, outcome).inc()
         self._log(request_id, route, choice, form, status, outcome, life.attempt, arrived)
 
     def _log(
-        self, request_id: str, route: Route, choice: Choice | None, form: str | None,
+        self, request_id: str, route: str, choice: Choice | None, form: str | None,
         status: int, outcome: str, attempts: int, arrived: float,
     ) -> None:  # fmt: skip
         line = {
-            "request_id": request_id, "route": route.value, "status": status, "outcome": outcome,
+            "request_id": request_id, "route": route, "status": status, "outcome": outcome,
             "form": form, "attempts": attempts,
             "prefill": choice.prefill.name if choice else None,
             "decode": choice.decode.name if choice else None,

@@ -21,6 +21,7 @@ import attrs
 from pd_policy import MalformedRequest, PolicyError, WorkerFailedToStart, WorkerStreamError
 
 from .aio import aiohttp, web
+from .auth import for_url
 from .codec import dumps, loads
 from .legs import Leg
 from .scale_out import Derender
@@ -41,6 +42,11 @@ def error_response(error: PolicyError) -> web.Response:
 
 
 async def _worker_error(leg: str, response: aiohttp.ClientResponse) -> WorkerFailedToStart:
+    if response.status in (401, 403):
+        # The router's own credentials were refused: the client's are not in question,
+        # so it is told of a bad gateway, not that it is unauthorized.
+        return WorkerFailedToStart(leg, detail=f"the worker refused the router's credentials "
+                                   f"({response.status})", http_status=502)  # fmt: skip
     # The worker's own message (vLLM's OpenAI error body), without its request body.
     try:
         detail = str((await response.json())["error"]["message"])
@@ -49,8 +55,8 @@ async def _worker_error(leg: str, response: aiohttp.ClientResponse) -> WorkerFai
     return WorkerFailedToStart(leg, detail=detail, http_status=response.status)
 
 
-def _headers(request_id: str, extra: Mapping[str, str] | None) -> dict[str, str]:
-    return {REQUEST_ID_HEADER: request_id, "Content-Type": _JSON, **(extra or {})}
+def _headers(request_id: str, extra: Mapping[str, str] | None, url: str) -> dict[str, str]:
+    return {REQUEST_ID_HEADER: request_id, "Content-Type": _JSON, **for_url(extra, url)}
 
 
 def unreachable(leg: str, exc: BaseException) -> WorkerFailedToStart:
@@ -73,7 +79,8 @@ async def post_json(
     with an error (its status), and a ``WorkerStreamError`` (502) for a 200 that is not
     JSON."""
     try:
-        async with session.post(url, data=dumps(body), headers=_headers(request_id, headers)) as r:
+        sent = _headers(request_id, headers, url)
+        async with session.post(url, data=dumps(body), headers=sent) as r:
             if r.status != 200:
                 raise await _worker_error(leg, r)
             raw = await r.read()
@@ -158,7 +165,7 @@ async def relay_decode(
     data = dumps(leg.body)
     try:
         async with session.post(
-            url + leg.route, data=data, headers=_headers(request_id, headers)
+            url + leg.route, data=data, headers=_headers(request_id, headers, url)
         ) as up:
             if up.status != 200:
                 raise await _worker_error("decode", up)

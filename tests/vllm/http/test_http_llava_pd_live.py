@@ -251,14 +251,19 @@ def prefill_reply(recording: InProcessProxy, fleet: Fleet) -> dict[str, Any]:
 
 def test_refusals_are_openai_error_bodies_before_any_worker_is_called(fleet: Fleet) -> None:
     image_body = chat_body(1, "refused")
-    with InProcessProxy(Proxy(fleet.prefill_worker, [fleet.decode_worker], mrope=True)) as live:
-        for body, code, status in (
-            (image_body, "pd_decode_language_model_only_mrope", 400),
-            ({**chat_body(1, "refused"), "n": 2}, "pd_decode_language_model_only_n_samples", 400),
-            ({**image_body, "cache_salt": "tenant/secret"}, "pd_invalid_request", 400),
-            ({"model": "tiny", "messages": [{"role": "user", "content": [
-                {"type": "prompt_embeds", "data": "AAAA"}]}]}, "pd_invalid_request", 400),
-        ):  # fmt: skip
+    # The core's order: an M-RoPE model's grids are refused before n is looked at, so n>1
+    # is shown on the plain LLaVA fleet and the grids on one the proxy is told is M-RoPE.
+    cases = (
+        (True, image_body, "pd_decode_language_model_only_mrope", 400),
+        (True, {**image_body, "n": 2}, "pd_decode_language_model_only_mrope", 400),
+        (False, {**image_body, "n": 2}, "pd_decode_language_model_only_n_samples", 400),
+        (True, {**image_body, "cache_salt": "tenant/secret"}, "pd_invalid_request", 400),
+        (True, {"model": "tiny", "messages": [{"role": "user", "content": [
+            {"type": "prompt_embeds", "data": "AAAA"}]}]}, "pd_invalid_request", 400),
+    )  # fmt: skip
+    for mrope, body, code, status in cases:
+        proxy = Proxy(fleet.prefill_worker, [fleet.decode_worker], mrope=mrope)
+        with InProcessProxy(proxy) as live:
             request = urllib.request.Request(
                 f"{live.url}/v1/chat/completions", data=json.dumps(body).encode(),
                 headers={"Content-Type": "application/json"},
@@ -269,7 +274,7 @@ def test_refusals_are_openai_error_bodies_before_any_worker_is_called(fleet: Fle
             assert (caught.value.code, error["code"]) == (status, code)
             assert caught.value.headers["X-SMG-Error-Code"] == code
             assert "secret" not in error["message"]
-        assert live.sent == []  # no worker was called
+            assert live.sent == []  # no worker was called
 
 
 def test_a_prefill_without_kv_parameters_is_a_502_for_an_image_and_recomputes_text(
@@ -297,3 +302,52 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_running(fleet: Flee
     assert running_requests(fleet.decode) == 1
     response.close()  # the client goes away
     wait_idle(fleet.decode, fleet.prefill)
+
+
+def responses_input(seed: int | None, variant: str) -> list[dict[str, Any]]:
+    content: list[dict[str, Any]] = [{"type": "input_text", "text": f"{variant} {TEXT}"}]
+    if seed is not None:
+        content.insert(0, {"type": "input_image", "image_url": data_url(image(seed))})
+    return [{"role": "user", "content": content}]
+
+
+def responded(url: str, seed: int | None, variant: str, *, stream: bool = False) -> str:
+    """The text of a greedy Responses answer through ``url``, with the openai client."""
+    kwargs: dict[str, Any] = {"model": "tiny", "input": responses_input(seed, variant),
+                              "max_output_tokens": 8, "temperature": 0}  # fmt: skip
+    if not stream:
+        return str(client(url).responses.create(**kwargs).output_text)
+    deltas = [e.delta for e in client(url).responses.create(stream=True, **kwargs)
+              if e.type == "response.output_text.delta"]  # fmt: skip
+    return "".join(deltas)
+
+
+def test_the_responses_api_through_p_d_answers_as_the_baseline(fleet: Fleet) -> None:
+    expected = {seed: responded(fleet.baseline, seed, "responses") for seed in (1, 2)}
+    assert expected[1] != expected[2]  # else matching them would prove nothing
+    for seed in (1, 2, 1):
+        assert responded(fleet.proxy, seed, "responses") == expected[seed]
+    for seed in (2, 1):
+        assert responded(fleet.proxy, seed, "responses", stream=True) == expected[seed]
+    assert responded(fleet.proxy, None, "responses") == responded(fleet.baseline, None,
+                                                                  "responses")  # fmt: skip
+
+
+def test_the_responses_decode_leg_carries_no_image_and_stateful_requests_are_refused(
+    fleet: Fleet,
+) -> None:
+    with InProcessProxy(Proxy(fleet.prefill_worker, [fleet.decode_worker], mrope=False)) as live:
+        assert responded(live.url, 1, "responses-leg")
+        (prefill,) = live.sent_to(fleet.prefill)
+        (decode,) = live.sent_to(fleet.decode)
+        assert prefill.url.endswith("/v1/chat/completions") and decode.url.endswith("/v1/responses")
+        assert "input_image" in json.dumps(prefill.body)  # the prefill sees the image
+        assert "input_image" not in json.dumps(decode.body)
+        assert decode.body["kv_transfer_params"]["prompt_token_ids"]
+        assert decode.body["cache_salt"].startswith("mm1:")
+        with pytest.raises(openai.BadRequestError) as caught:
+            client(live.url).responses.create(model="tiny", input=responses_input(1, "x"),
+                                              previous_response_id="resp_1")  # fmt: skip
+        assert caught.value.body["code"] == "pd_invalid_request"  # type: ignore[index]
+        assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
+        assert len(live.sent) == 2  # the refused request reached no worker

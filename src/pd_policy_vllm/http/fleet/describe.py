@@ -30,6 +30,7 @@ from pd_policy import (
     WorkerCapability,
 )
 from pd_policy_vllm.http.aio import aiohttp
+from pd_policy_vllm.http.auth import for_url
 from pd_policy_vllm.http.identity import WorkerMedia
 from pd_policy_vllm.http.scale_out import DERENDER, RENDER
 from pd_policy_vllm.http.workers import (
@@ -67,7 +68,7 @@ async def server_info(
     """The worker's ``/server_info`` (its ``vllm_config`` and ``vllm_env``), or ``None``
     when it does not serve it. Raises ``aiohttp.ClientError`` when it cannot be reached."""
     async with session.get(
-        f"{url}/server_info", params={"config_format": "json"}, headers=headers
+        f"{url}/server_info", params={"config_format": "json"}, headers=for_url(headers, url)
     ) as response:
         if response.status != 200:
             return None
@@ -80,7 +81,7 @@ async def _serves(
 ) -> bool:
     # Without --enable-scale-out every such route answers 403, and a server without the
     # route 404; with it, an empty body is a validation error (400 or 422).
-    async with session.post(url + route, json={}, headers=headers) as response:
+    async with session.post(url + route, json={}, headers=for_url(headers, url)) as response:
         return response.status in (400, 422)
 
 

@@ -1,0 +1,141 @@
+"""Stand-in ``vllm serve`` workers for the fleet's tests: the faults a real worker cannot be
+made to show on demand (a 503 for the next request, a health check that flips, a stream
+cut after its first event), with every call recorded.
+
+Each stand-in answers chat as a prefill does (``prompt_token_ids``, ``kv_transfer_params``)
+and as a decode does (a completion naming the worker), serves ``/health`` and a
+``/server_info`` whose ``language_model_only`` the test sets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import attrs
+from aiohttp import web
+
+from pd_policy import Support, WorkerCapability
+from pd_policy_vllm.http import HttpWorker
+from pd_policy_vllm.http.fleet.members import Fleet
+from pd_policy_vllm.http.proxy import Proxy
+
+__all__ = ["Stand", "serving", "stands"]
+
+
+def _config(lm_only: bool, connector: str) -> dict[str, Any]:
+    return {"vllm_config": {
+        "model_config": {"multimodal_config": {"language_model_only": lm_only}},
+        "kv_transfer_config": {"kv_connector": connector, "engine_id": "engine",
+                               "kv_role": "kv_consumer" if lm_only else "kv_producer"},
+    }, "vllm_env": {}}  # fmt: skip
+
+
+@attrs.define
+class Stand:
+    """One stand-in worker; its behaviour is the test's to set between requests."""
+
+    name: str
+    lm_only: bool = True
+    connector: str = "NixlConnector"
+    healthy: bool = True
+    #: Statuses to answer the next chat requests with, first first (then 200).
+    fail_next: list[int] = attrs.field(factory=list)
+    #: Cut a streamed answer after its first event.
+    cut_stream: bool = False
+    #: Seconds each chat request takes.
+    delay: float = 0.0
+    calls: list[dict[str, Any]] = attrs.field(factory=list)
+    url: str = ""
+    in_flight: int = 0
+    most_in_flight: int = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/server_info", self.info)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_route("*", "/{tail:.*}", self.missing)
+        return app
+
+    async def missing(self, request: web.Request) -> web.Response:
+        return web.Response(status=404)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.healthy else 500)
+
+    async def info(self, request: web.Request) -> web.Response:
+        return web.json_response(_config(self.lm_only, self.connector))
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.calls.append({"body": body, "authorization": request.headers.get("Authorization")})
+        if self.fail_next:
+            return web.json_response({"error": {"message": "busy"}}, status=self.fail_next.pop(0))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay)
+        finally:
+            self.in_flight -= 1
+        if body.get("max_tokens") == 1 and body.get("stream") is False:  # a prefill leg
+            params = {"transfer_id": self.name}
+            return web.json_response({"prompt_token_ids": [1, 2, 3, 4],
+                                      "kv_transfer_params": params})  # fmt: skip
+        if not body.get("stream"):
+            return web.json_response({"object": "chat.completion", "worker": self.name,
+                                      "form": "stripped" if "image_url" not in json.dumps(body)
+                                      else "with media"})  # fmt: skip
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"worker": "' + self.name.encode() + b'"}\n\n')
+        if self.cut_stream:
+            raise ConnectionResetError("cut")  # aiohttp drops the connection
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application, host: str = "127.0.0.1") -> AsyncIterator[str]:
+    """Serve ``app`` on a free port of ``host``; its base URL."""
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def stands(
+    prefills: int, decodes: int, make: Callable[[Fleet], Proxy], host: str = "127.0.0.1"
+) -> AsyncIterator[tuple[str, list[Stand], list[Stand], Proxy]]:
+    """Stand-in prefills (full vision) and decodes (language-model-only) behind a proxy
+    ``make`` builds on their fleet; the proxy's URL, the stands and the proxy."""
+    ps = [Stand(f"p{i}", lm_only=False) for i in range(prefills)]
+    ds = [Stand(f"d{i}") for i in range(decodes)]
+    async with contextlib.AsyncExitStack() as stack:
+        for stand in ps + ds:
+            stand.url = await stack.enter_async_context(serving(stand.app(), host))
+        fleet = Fleet()
+        for stand in ps:
+            fleet.add(
+                "prefill", HttpWorker(stand.url, WorkerCapability(Support.TRUE)), healthy=True
+            )
+        for stand in ds:
+            fleet.add(
+                "decode", HttpWorker(stand.url, WorkerCapability(Support.FALSE)), healthy=True
+            )
+        proxy = make(fleet)
+        url = await stack.enter_async_context(serving(proxy.app(), host))
+        yield url, ps, ds, proxy

@@ -1,0 +1,104 @@
+"""A fleet of real ``vllm serve`` workers whose members a test kills and restarts: two
+full-vision prefills (KV producers) and two ``--language-model-only`` decodes (KV
+consumers) of one model, over one transfer directory, each with an API key.
+
+A member restarts on its own port, as another kind if the test says so (a decode
+restarted with its vision encoder, say); the proxy in front must notice. Every process
+is stopped by process id when the block ends.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final
+from urllib.parse import urlsplit
+
+import attrs
+from http_peers import _healthy, vllm_server
+from live_engines import connector
+from servers import START_TIMEOUT, Server, free_port, running, stop_all
+from tiny_models import TinyModel
+
+__all__ = ["CLIENT_KEY", "WORKER_KEY", "Pool", "fleet_proxy", "pool_fleet"]
+
+#: The key every worker of the pool takes (``vllm serve --api-key``): a test secret.
+WORKER_KEY: Final = "pool-worker-key"
+#: The key the proxy in front of the pool takes from its clients.
+CLIENT_KEY: Final = "pool-client-key"
+
+
+@attrs.define
+class Pool:
+    """The pool's servers by name (``p1``, ``p2``, ``d1``, ``d2``) and their URLs."""
+
+    model: TinyModel
+    root: Path
+    servers: dict[str, Server]
+    urls: dict[str, str]
+
+    @property
+    def baseline(self) -> str:
+        """A full-vision server to match: the first prefill, sent plain requests."""
+        return self.urls["p1"]
+
+    def _server(self, name: str, *, language_model_only: bool) -> Server:
+        role = "kv_producer" if name.startswith("p") else "kv_consumer"
+        port = urlsplit(self.urls[name]).port
+        server, _ = vllm_server(
+            name, self.model, self.root, language_model_only=language_model_only,
+            kv_config=connector(role, self.root / "transfers"), port=port,
+            extra=("--api-key", WORKER_KEY),
+        )  # fmt: skip
+        return server
+
+    def kill(self, name: str) -> None:
+        """Kill ``name``'s process group at once (SIGKILL), as a crash would."""
+        server = self.servers[name]
+        server.signal(signal.SIGKILL)
+        assert server.process is not None
+        server.process.wait()
+
+    def start(self, name: str, *, language_model_only: bool) -> None:
+        """Start ``name`` again on its port, as the kind given; wait until it serves."""
+        server = self._server(name, language_model_only=language_model_only)
+        server.start()
+        server.wait_ready(time.monotonic() + START_TIMEOUT)
+        self.servers[name] = server
+
+
+@contextmanager
+def pool_fleet(model: TinyModel, root: Path) -> Iterator[Pool]:
+    """Start the pool of ``model`` (logs and transfers under ``root``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    urls = {name: f"http://127.0.0.1:{free_port()}" for name in ("p1", "p2", "d1", "d2")}
+    pool = Pool(model, root, {}, urls)
+    for name in urls:
+        pool.servers[name] = pool._server(name, language_model_only=name.startswith("d"))
+    try:
+        with running(list(pool.servers.values())):
+            yield pool
+    finally:
+        stop_all(list(pool.servers.values()))  # restarted members are new processes
+
+
+def fleet_proxy(pool: Pool, *flags: str) -> tuple[Server, str]:
+    """``pd-policy-proxy`` in front of the whole pool, not yet started, and its URL: the
+    workers' key from the environment, the clients' from a file, probes every second,
+    the admin routes."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    keys = pool.root / "client-keys"
+    keys.write_text(f"# the proxy's clients\n{CLIENT_KEY}\n")
+    argv = ["-m", "pd_policy_vllm.http.cli", "--port", str(port), "--no-mrope", "--admin",
+            "--probe-interval", "1", "--api-keys-file", str(keys), *flags]  # fmt: skip
+    for name in ("p1", "p2"):
+        argv += ["--prefill", pool.urls[name]]
+    for name in ("d1", "d2"):
+        argv += ["--decode", pool.urls[name]]
+    env = {"PD_POLICY_WORKER_API_KEY": WORKER_KEY}
+    server = Server("fleet-proxy", argv, pool.root / "fleet-proxy.log", lambda: _healthy(url), env)
+    return server, url
