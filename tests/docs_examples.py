@@ -16,10 +16,11 @@ def python_blocks(page: str) -> list[str]:
 
 
 def load_route(name: str = "route") -> Callable[..., Awaitable[tuple[int, Any]]]:
-    """A router example of ``docs/grpc.md``: ``route()`` on messages, ``route_bytes()`` on
-    bytes. The page's Python blocks run in order in one namespace, as a reader reads them."""
+    """A router example of ``docs/grpc.md``: ``route()`` on messages, ``route_fleet()`` over
+    a fleet, ``route_bytes()`` on bytes. The page's Python blocks run in order in one
+    namespace, as a reader reads them."""
     blocks = python_blocks("grpc.md")
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     assert len(blocks[0].strip().splitlines()) < 30
     namespace: dict[str, Any] = {}
     for block in blocks:

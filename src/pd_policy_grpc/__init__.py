@@ -26,6 +26,7 @@ from .capability import (
 )
 from .client import SequentialPd
 from .facts import WireFacts, read_facts
+from .fleet import FleetPd, GrpcWorker, describe_worker
 from .kv import (
     apply_kv_handoff,
     ensure_kv_handoff,
@@ -54,7 +55,9 @@ from .view import (
 )
 
 __all__ = [
+    "FleetPd",
     "GrpcStatus",
+    "GrpcWorker",
     "HttpError",
     "SequentialPd",
     "WireFacts",
@@ -66,6 +69,7 @@ __all__ = [
     "check_generate_request",
     "clone_without_mm",
     "decode_form",
+    "describe_worker",
     "ensure_kv_handoff",
     "error_from_rpc",
     "grpc_status",

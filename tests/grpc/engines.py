@@ -65,6 +65,10 @@ class Engine(pb_grpc.VllmEngineServicer):
         self.hold_first = asyncio.Event()  # set: streams pause before their first item
         self.release = asyncio.Event()
         self.waiting = asyncio.Event()  # set while a stream is paused
+        self.healthy = True  # what HealthCheck answers
+
+    async def HealthCheck(self, request: Any, context: Any) -> pb.HealthCheckResponse:
+        return pb.HealthCheckResponse(healthy=self.healthy, message="test")
 
     async def GetModelInfo(self, request: Any, context: Any) -> pb.GetModelInfoResponse:
         return pb.GetModelInfoResponse(model_path="tiny", supports_vision=self.supports_vision)

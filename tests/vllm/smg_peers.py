@@ -49,14 +49,16 @@ def servicer(
     limits: dict[str, int] | None = None,
     kv_role: str | None = None,
     transfer_dir: Path | None = None,
+    port: int | None = None,
 ) -> tuple[Server, str]:
     """A servicer of ``model`` on a free loopback port, not yet started; and its address.
 
     Full vision takes ``limits`` media per prompt (one image by default);
     ``language_model_only`` serves no media. ``kv_role`` (``kv_producer``,
-    ``kv_consumer``) plugs in the ``TransferConnector`` over ``transfer_dir``.
+    ``kv_consumer``) plugs in the ``TransferConnector`` over ``transfer_dir``. ``port``
+    restarts a servicer where it was (else a free one).
     """
-    port = free_port()
+    port = port if port is not None else free_port()
     address = f"127.0.0.1:{port}"
     argv = [
         "-m", "vllm.entrypoints.launchers.grpc_server",

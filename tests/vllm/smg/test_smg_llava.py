@@ -1,23 +1,28 @@
 """``pd_policy_grpc`` against SMG's real vLLM servicer: grid-less LLaVA, vision prefill to a
 ``--language-model-only`` decode, joined by the ``TransferConnector``.
 
-Three servicer processes, started once for this module and stopped by process
-id: a full-vision prefill (KV producer), a language-model-only decode (KV
-consumer) and a full-vision baseline with no connector.
+Four servicer processes, started once for this module and stopped by process
+id: a full-vision prefill (KV producer), two language-model-only decodes (KV
+consumers; the fleet test kills the second and restarts it) and a full-vision
+baseline with no connector.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
 from live_engines import BLOCK_SIZE
 from llava_prompts import TEXT
 from router_side import image, router_request
-from servers import running
+from servers import running, stop_all
 from smg_peers import Recorder, Streamed, servicer, streamed
 from tiny_models import TinyModel
 
@@ -25,16 +30,19 @@ import grpc
 import routers
 from docs_examples import load_route
 from pd_policy import (
+    Health,
     KvConnectorMode,
     MissingKvTransferParams,
     MropeOnLanguageModelOnlyDecode,
     NSamplesOnLanguageModelOnlyDecode,
     PayloadLocation,
     PolicyError,
+    Roster,
     VisionSupport,
 )
 from pd_policy.tools.scenarios import mrope_request
 from pd_policy_grpc import SequentialPd, capability_from_info, prefill_kv_from_info
+from pd_policy_grpc.fleet import FleetPd, describe_worker
 from pd_policy_grpc.wire import pb, pb_grpc
 from routers import sequential_pd
 from wire_messages import to_proto
@@ -46,6 +54,10 @@ class Fleet:
     decode: str
     baseline: str
     model: TinyModel
+    #: A second language-model-only decode, which the fleet test kills and restarts.
+    second: str = ""
+    second_server: Any = None
+    root: Path | None = None
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +72,17 @@ def fleet(llava: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         kv_role="kv_consumer", transfer_dir=transfers,
     )  # fmt: skip
     baseline, baseline_at = servicer("llava-baseline", llava, root)
-    with running([prefill, decode, baseline]):
-        yield Fleet(prefill_at, decode_at, baseline_at, llava)
+    second, second_at = servicer(
+        "llava-decode-2", llava, root, language_model_only=True,
+        kv_role="kv_consumer", transfer_dir=transfers,
+    )  # fmt: skip
+    with running([prefill, decode, baseline, second]):
+        yield Fleet(prefill_at, decode_at, baseline_at, llava, second_at, second, root)
 
 
-def request(fleet: Fleet, variant: str, seed: int | None, *, n: int = 1) -> pb.GenerateRequest:
+def request(
+    fleet: Fleet, variant: str, seed: int | None, *, n: int = 1, rid: str | None = None
+) -> pb.GenerateRequest:
     """A LLaVA request over four 32-id blocks; ``seed`` picks the image (``None``: text)."""
     if seed is None:
         prompt = f"USER: {variant} {TEXT}\nASSISTANT:"
@@ -74,7 +92,7 @@ def request(fleet: Fleet, variant: str, seed: int | None, *, n: int = 1) -> pb.G
         f"USER: <image>\n{variant} {TEXT}\nASSISTANT:",
         [image(seed)],
         image_token_id=fleet.model.image_token_id,
-        request_id=f"{variant}-{seed}",
+        request_id=rid or f"{variant}-{seed}",
         n=n,
     )
 
@@ -215,5 +233,75 @@ def test_policy_errors_leave_the_servicers_serving(fleet: Fleet) -> None:
             await streamed(pd.generate(request(fleet, "after", 1, n=3)))
         served = await streamed(pd.generate(request(fleet, "after", 1)))
         assert served.tokens == (await baseline(fleet, request(fleet, "after", 1))).tokens
+
+    asyncio.run(main())
+
+
+def test_a_fleet_routes_around_a_killed_decode_and_readmits_it_as_what_it_came_back_as(
+    fleet: Fleet,
+) -> None:
+    # FleetPd over the prefill and both language-model-only decodes, read from their own
+    # answers. Every answer must equal the full-vision baseline's, through the kill too.
+    assert fleet.second_server is not None and fleet.root is not None
+    transfers = fleet.root / "transfers"
+
+    async def main() -> None:
+        expected = {s: await baseline(fleet, request(fleet, "fleet", s)) for s in (1, 2)}
+        assert expected[1].tokens != expected[2].tokens
+        now = [0.0]
+        pd = FleetPd(Roster(clock=lambda: now[0]), attempts=2, timeout=60)
+        calls = {a: Recorder() for a in (fleet.prefill, fleet.decode, fleet.second)}
+        channels = {a: grpc.aio.insecure_channel(a, interceptors=[calls[a]]) for a in calls}
+        for role, address in (("prefill", fleet.prefill), ("decode", fleet.decode),
+                              ("decode", fleet.second)):  # fmt: skip
+            pd.add(role, await describe_worker(channels[address], address, role))
+        second = pd.roster.of("decode")[1]
+
+        async def check(seed: int, rid: str) -> None:
+            got = await streamed(pd.generate(request(fleet, "fleet", seed, rid=rid)))
+            assert got.tokens == expected[seed].tokens
+
+        # Concurrent requests spread over both decodes.
+        await asyncio.gather(*(check(1 + i % 2, f"spread-{i}") for i in range(4)))
+        assert calls[fleet.decode].generates >= 1 and calls[fleet.second].generates >= 1
+        # Kill the second decode mid-run: each request in flight is answered right or
+        # fails typed (its stream was cut); none hangs, and none is answered wrong.
+        running_ = [asyncio.ensure_future(check(1 + i % 2, f"kill-{i}")) for i in range(4)]
+        await asyncio.sleep(0.2)
+        fleet.second_server.signal(signal.SIGKILL)
+        fleet.second_server.process.wait()
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*running_, return_exceptions=True), timeout=120
+        )
+        assert all(o is None or isinstance(o, PolicyError) for o in outcomes), outcomes
+        # After it: every request routes around it, with the right answers.
+        for i in range(3):
+            await check(1 + i % 2, f"around-{i}")
+        await pd.probe_once()
+        assert second.health.health is Health.EJECTED
+        # It comes back with its vision tower: re-read as a full-vision decode.
+        server, _ = servicer(
+            "llava-decode-2",
+            fleet.model,
+            fleet.root,
+            kv_role="kv_consumer",
+            transfer_dir=transfers,
+            port=int(fleet.second.rsplit(":", 1)[1]),
+        )
+        server.start()
+        try:
+            server.wait_ready(time.monotonic() + 240)
+            now[0] += 60
+            await pd.probe_once()
+            assert second.health.health is Health.HEALTHY
+            assert not second.worker.capability.language_model_only
+            before = calls[fleet.second].generates
+            await asyncio.gather(*(check(1 + i % 2, f"back-{i}") for i in range(4)))
+            assert calls[fleet.second].generates > before  # routed to again
+        finally:
+            await pd.aclose()
+            for channel in channels.values():
+                await channel.close()
+            stop_all([server])
 
     asyncio.run(main())
