@@ -16,7 +16,7 @@ from pd_policy import (
     WorkerCapability,
 )
 from pd_policy_vllm.http.legs import Leg
-from pd_policy_vllm.http.plan import decode_leg, plan_request
+from pd_policy_vllm.http.plan import STRIPPED, decode_leg, plan_request
 from pd_policy_vllm.http.request import Route
 from pd_policy_vllm.http.responses import RESPONSES, chat_equivalent, responses_decode_leg
 
@@ -35,15 +35,20 @@ def legs(body: dict[str, Any], worker: WorkerCapability) -> tuple[dict[str, Any]
                         PrefillKv(KvConnectorMode.NIXL), mrope=False, request_id="r")  # fmt: skip
     assert plan.prefill is not None
     reply = {"prompt_token_ids": [1, 2, 3], "kv_transfer_params": {"transfer_id": "t"}}
-    return plan.prefill, responses_decode_leg(body, decode_leg(plan, reply))
+    stripped = plan.form in STRIPPED
+    return plan.prefill, responses_decode_leg(body, decode_leg(plan, reply), stripped)
 
 
 def test_the_chat_equivalent_renders_as_vllm_renders_the_responses_request() -> None:
     chat = chat_equivalent(responses(temperature=0))
+    # In chat's own part types: vLLM's chat route validates an input_image as the openai
+    # type, which needs a detail.
     assert chat["messages"] == [
         {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [IMAGE, {"type": "input_text", "text": "what is it?"}]},
-    ]
+        {"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": IMAGE["image_url"]}},
+            {"type": "text", "text": "what is it?"}]},
+    ]  # fmt: skip
     assert chat["temperature"] == 0 and chat["stream"] is False
     assert chat_equivalent({"input": "hi"})["messages"] == [{"role": "user", "content": "hi"}]
 
@@ -52,7 +57,7 @@ def test_a_language_model_only_decode_gets_the_request_without_media_and_with_th
     body = responses(cache_salt="tenant", stream=True, mm_processor_kwargs={"x": 1})
     prefill, leg = legs(body, WorkerCapability(Support.FALSE))
     assert prefill["max_tokens"] == 1 and prefill["return_token_ids"] is True
-    assert prefill["messages"][1]["content"][0] == IMAGE  # the prefill sees the image
+    assert prefill["messages"][1]["content"][0]["image_url"]["url"] == IMAGE["image_url"]
     assert leg.route == RESPONSES
     out = leg.body
     assert out["input"][0]["content"] == [{"type": "input_text", "text": "what is it?"}]
@@ -80,6 +85,10 @@ def test_a_vision_decode_gets_the_request_itself_with_the_kv() -> None:
         ({"input": []}, "input"),
         ({"input": "hi", "instructions": 3}, "instructions"),
         ([1], "body"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+            "input[0].content[0]",
+        ),
     ],
 )
 def test_what_this_path_does_not_serve_is_a_typed_400(body: Any, param: str) -> None:

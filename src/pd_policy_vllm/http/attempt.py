@@ -22,7 +22,14 @@ from pd_policy_vllm.http.fleet.metrics import Metrics
 from pd_policy_vllm.http.fleet.routing import Choice, decode_capability
 from pd_policy_vllm.http.legs import Leg
 from pd_policy_vllm.http.pin import RemoteMedia, pin_remote_media, refuse_remote_media
-from pd_policy_vllm.http.plan import Plan, decode_leg, plan_encoded, plan_rendered, plan_request
+from pd_policy_vllm.http.plan import (
+    STRIPPED,
+    Plan,
+    decode_leg,
+    plan_encoded,
+    plan_rendered,
+    plan_request,
+)
 from pd_policy_vllm.http.relay import post_json
 from pd_policy_vllm.http.request import Route
 from pd_policy_vllm.http.scale_out import GENERATE, RENDER
@@ -79,20 +86,29 @@ class Attempt:
 
     async def prepare(
         self, life: RequestLife, body: Any, route: Route, request_id: str, choice: Choice,
-        translate: Callable[[Leg], Leg] | None = None,
+        translate: Callable[[Leg, bool], Leg] | None = None,
     ) -> Prepared:  # fmt: skip
         """Run the legs before decode on ``choice``; the decode leg to send.
 
         ``translate`` makes the decode leg of another API from the chat leg planned for
-        ``body`` (its chat equivalent: the Responses API). Such a request is refused
-        (400, before any worker is called) where the decode leg is not a chat leg: the
-        M-RoPE metadata path and E/P/D."""
+        ``body`` (its chat equivalent: the Responses API), and whether that leg was
+        stripped of media. Such a request is refused (400, before any worker is called)
+        where the decode leg is not a chat leg (the M-RoPE metadata path, E/P/D), and for
+        remote media on a decode leg that keeps it: that leg is the client's own request,
+        whose URL the decode would fetch again, and the content could differ from what
+        the prefill saw."""
         prefill = choice.prefill
         plan = self.plan(body, route, request_id, choice)
         if translate is not None and (plan.render is not None or plan.epd):
             raise MalformedRequest(
                 "this API is not served with media on the M-RoPE metadata path or in E/P/D: "
                 "its decode leg would be tokens; use /v1/chat/completions",
+                param="input",
+            )
+        if translate is not None and plan.uncached and plan.form not in STRIPPED:
+            raise MalformedRequest(
+                "remote media over this API needs a language-model-only decode worker: send "
+                "it as a data URL, or use /v1/chat/completions",
                 param="input",
             )
         mode = remote_media_for(self.remote_media, prefill)
@@ -122,5 +138,5 @@ class Attempt:
                                               request_id)  # fmt: skip
         to_decode = decode_leg(plan, response)
         if translate is not None:
-            to_decode = translate(to_decode)
+            to_decode = translate(to_decode, plan.form in STRIPPED)
         return Prepared(plan, to_decode, begin(life, Stage.DECODING))

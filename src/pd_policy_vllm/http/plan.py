@@ -61,12 +61,14 @@ from .scale_out import (
 )
 
 __all__ = [
-    "Plan", "as_decided", "decode_leg", "plan_encoded", "plan_rendered", "plan_request", "runs_epd",
+    "STRIPPED", "Plan", "as_decided", "decode_leg", "plan_encoded", "plan_rendered",
+    "plan_request", "runs_epd",
 ]  # fmt: skip
 
 T = TypeVar("T")
 
-_STRIPPED: Final = frozenset({DecodeForm.TEXT_PLUS_HASHES, DecodeForm.MROPE_METADATA})
+#: The decode forms whose leg carries no media.
+STRIPPED: Final = frozenset({DecodeForm.TEXT_PLUS_HASHES, DecodeForm.MROPE_METADATA})
 
 
 @attrs.frozen(slots=True)
@@ -178,7 +180,7 @@ def plan_request(
     decided = as_decided(request, route, renders=renders or epd)
     chosen = select_decode_workers(decided, candidates)[0]
     form, leg = build_decode_leg(decided, chosen.worker)
-    if body.get("echo") and request.has_mm_inputs and form in _STRIPPED:
+    if body.get("echo") and request.has_mm_inputs and form in STRIPPED:
         # vLLM renders the messages again for echo and ignores the forwarded ids: the
         # stripped leg would be answered image-blind, with a 200.
         raise MalformedRequest(

@@ -210,7 +210,7 @@ class Proxy:
         if refused is not None:
             self._log(request_id, path, None, None, refused.status, "pd_unauthorized", 1, arrived)
             return refused
-        translate: Callable[[Leg], Leg] | None = None
+        translate: Callable[[Leg, bool], Leg] | None = None
         try:
             body = loads(await request.read())  # not an object: the plan refuses it
             stream = isinstance(body, dict) and bool(body.get("stream"))

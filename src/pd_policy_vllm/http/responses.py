@@ -50,9 +50,36 @@ def _message(item: Any, where: str) -> dict[str, Any]:
     return {"role": role, "content": content}
 
 
+def _chat_part(part: Any, where: str) -> Any:
+    # vLLM's chat route validates an input_image as the openai type, which needs a
+    # detail; its chat form renders the same: the image, then the text, in order.
+    if not isinstance(part, Mapping):
+        return part
+    kind = part.get("type")
+    if kind in ("input_text", "output_text"):
+        return {"type": "text", "text": part.get("text")}
+    if kind == "input_image":
+        url = part.get("image_url")
+        if not isinstance(url, str):
+            raise MalformedRequest("P/D serves an input_image given by image_url (a URL or a "
+                                   "data URL), not by file_id", param=where)  # fmt: skip
+        image = {"url": url, **({"detail": part["detail"]} if part.get("detail") else {})}
+        return {"type": "image_url", "image_url": image}
+    return part
+
+
+def _chat_message(item: Any, where: str) -> dict[str, Any]:
+    message = _message(item, where)
+    content = message["content"]
+    if isinstance(content, list):
+        message["content"] = [_chat_part(p, f"{where}.content[{i}]") for i, p in enumerate(content)]
+    return message
+
+
 def chat_equivalent(body: Any) -> dict[str, Any]:
     """The chat request vLLM renders ``body`` (a Responses request) as: its instructions
-    and input as messages, its sampling fields, no stream.
+    and input as messages (``input_text`` parts as ``text``, ``input_image`` parts as
+    ``image_url``), its sampling fields, no stream.
 
     Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400, naming the field)
     for a body that is not an object, and for what P/D does not serve here: a
@@ -82,7 +109,7 @@ def chat_equivalent(body: Any) -> dict[str, Any]:
     if isinstance(given, str):
         messages.append({"role": "user", "content": given})
     elif isinstance(given, list) and given:
-        messages += [_message(item, f"input[{i}]") for i, item in enumerate(given)]
+        messages += [_chat_message(item, f"input[{i}]") for i, item in enumerate(given)]
     else:
         raise MalformedRequest("input must be a string or a list of messages", param="input")
     chat = {k: body[k] for k in _SAMPLING if k in body}
@@ -91,12 +118,13 @@ def chat_equivalent(body: Any) -> dict[str, Any]:
     return {**chat, "messages": messages, "stream": False}
 
 
-def responses_decode_leg(body: Mapping[str, Any], chat_leg: Leg) -> Leg:
+def responses_decode_leg(body: Mapping[str, Any], chat_leg: Leg, stripped: bool) -> Leg:
     """The decode leg for the Responses request ``body``, from the chat path's decode leg
     ``chat_leg`` (for its chat equivalent): the KV parameters, the forwarded ids and the
     salt it carries, on the client's own request, without its media when the chat leg
-    dropped them. Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] for a
-    chat leg that is not a chat completions leg (the metadata path)."""
+    was ``stripped`` of them (a language-model-only decode's forms). Raises
+    [`MalformedRequest`][pd_policy.errors.MalformedRequest] for a chat leg that is not a
+    chat completions leg (the metadata path)."""
     if chat_leg.route != "/v1/chat/completions" or chat_leg.derender is not None:
         raise MalformedRequest(
             "the Responses API is not served on the M-RoPE metadata path; use /v1/chat/completions",
@@ -107,7 +135,6 @@ def responses_decode_leg(body: Mapping[str, Any], chat_leg: Leg) -> Leg:
     for key in ("kv_transfer_params", "cache_salt"):
         if key in leg:
             out[key] = leg[key]
-    stripped = leg.get("messages") != chat_equivalent(body)["messages"]
     if stripped:
         for key in ("mm_processor_kwargs", "media_io_kwargs"):
             out.pop(key, None)

@@ -341,12 +341,13 @@ def test_the_responses_decode_leg_carries_no_image_and_stateful_requests_are_ref
         (prefill,) = live.sent_to(fleet.prefill)
         (decode,) = live.sent_to(fleet.decode)
         assert prefill.url.endswith("/v1/chat/completions") and decode.url.endswith("/v1/responses")
-        assert "input_image" in json.dumps(prefill.body)  # the prefill sees the image
+        # The prefill sees the image, as its chat form (the same prompt vLLM renders).
+        assert prefill.body["messages"][0]["content"][0]["type"] == "image_url"
         assert "input_image" not in json.dumps(decode.body)
         assert decode.body["kv_transfer_params"]["prompt_token_ids"]
         assert decode.body["cache_salt"].startswith("mm1:")
         with pytest.raises(openai.BadRequestError) as caught:
-            client(live.url).responses.create(model="tiny", input=responses_input(1, "x"),
+            client(live.url).responses.create(model="tiny", input=responses_input(1, "x"),  # type: ignore[arg-type]
                                               previous_response_id="resp_1")  # fmt: skip
         assert caught.value.body["code"] == "pd_invalid_request"  # type: ignore[index]
         assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
