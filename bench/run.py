@@ -8,7 +8,8 @@ router's whole hop on messages and on bytes (``bench/byte_hop.py``) are measured
 skipped.
 
 Run: ``python bench/run.py [--quick] [--no-docs] [--no-proxy] [--no-grpc-load] [--no-byte-hop]
-[--no-media]``. The media identity bench (``bench/media_identity.py``) runs too.
+[--no-media] [--no-balance]``. The media identity bench (``bench/media_identity.py``) and the
+fleet balance simulation (``bench/balance.py``) run too.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import balance  # bench/, beside this script
 import byte_hop  # bench/, beside this script
 import google.protobuf
 import grpc_load  # bench/, beside this script
@@ -305,6 +307,7 @@ def main() -> int:
         "--no-byte-hop", action="store_true", help="skip the message-versus-bytes hop benchmark"
     )
     parser.add_argument("--no-media", action="store_true", help="skip the media identity benchmark")
+    parser.add_argument("--no-balance", action="store_true", help="skip the balance simulation")
     args = parser.parse_args()
     results = run(args.quick)
     if not args.no_proxy:
@@ -315,6 +318,8 @@ def main() -> int:
         results["byte_hop"] = byte_hop.measure(args.quick)
     if not args.no_media:
         results["media_identity"] = media_identity.measure(args.quick)
+    if not args.no_balance:
+        results["balance"] = balance.measure(args.quick)
     (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     rendered = table(results)
     print(rendered)
@@ -330,6 +335,9 @@ def main() -> int:
     media = media_identity.table(results["media_identity"]) if "media_identity" in results else None
     if media is not None:
         print("\n" + media)
+    spread = balance.table(results["balance"]) if "balance" in results else None
+    if spread is not None:
+        print("\n" + spread)
     if not args.no_docs:
         doc = ROOT / "docs" / "performance.md"
         text = splice(doc.read_text(encoding="utf-8"), "performance", rendered)
@@ -341,6 +349,8 @@ def main() -> int:
             text = splice(text, "performance-byte-hop", hop)
         if media is not None:
             text = splice(text, media_identity.NAME, media)
+        if spread is not None:
+            text = splice(text, balance.NAME, spread)
         doc.write_text(text, encoding="utf-8")
     return 0
 
