@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo demo-live demo-http demo-epd demo-media test lint typecheck pytest docs docs-tables bench vectors clean \
+.PHONY: demo demo-live demo-http demo-epd demo-media demo-fleet test lint typecheck pytest docs docs-tables bench vectors clean \
 	fuzz fuzz-policy fuzz-wire mutants
 
 $(VENV)/bin/python:
@@ -52,6 +52,11 @@ demo-epd: $(VENV)/.test
 # serving new content (about 5 min).
 demo-media: $(VENV)/.test
 	$(PY) examples/live_media.py
+
+# Optional: the proxy over two prefills and two decodes, one decode killed and brought back
+# (about 4 min).
+demo-fleet: $(VENV)/.test
+	$(PY) examples/live_fleet.py
 
 # --no-cache: ruff's cache keys on a file's content, but import sorting also depends on
 # which modules exist beside it (tests/routers.py made `routers` first-party), so a

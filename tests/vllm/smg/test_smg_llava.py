@@ -39,6 +39,7 @@ from pd_policy import (
     PolicyError,
     Roster,
     VisionSupport,
+    routable,
 )
 from pd_policy.tools.scenarios import mrope_request
 from pd_policy_grpc import SequentialPd, capability_from_info, prefill_kv_from_info
@@ -243,7 +244,8 @@ def test_a_fleet_routes_around_a_killed_decode_and_readmits_it_as_what_it_came_b
     # FleetPd over the prefill and both language-model-only decodes, read from their own
     # answers. Every answer must equal the full-vision baseline's, through the kill too.
     assert fleet.second_server is not None and fleet.root is not None
-    transfers = fleet.root / "transfers"
+    root = fleet.root
+    transfers = root / "transfers"
 
     async def main() -> None:
         expected = {s: await baseline(fleet, request(fleet, "fleet", s)) for s in (1, 2)}
@@ -251,7 +253,13 @@ def test_a_fleet_routes_around_a_killed_decode_and_readmits_it_as_what_it_came_b
         now = [0.0]
         pd = FleetPd(Roster(clock=lambda: now[0]), attempts=2, timeout=60)
         calls = {a: Recorder() for a in (fleet.prefill, fleet.decode, fleet.second)}
-        channels = {a: grpc.aio.insecure_channel(a, interceptors=[calls[a]]) for a in calls}
+        # A short reconnect backoff, as a router over restarting workers wants.
+        options = [
+            ("grpc.initial_reconnect_backoff_ms", 500),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
+        channels = {a: grpc.aio.insecure_channel(a, options=options, interceptors=[calls[a]])
+                    for a in calls}  # fmt: skip
         for role, address in (("prefill", fleet.prefill), ("decode", fleet.decode),
                               ("decode", fleet.second)):  # fmt: skip
             pd.add(role, await describe_worker(channels[address], address, role))
@@ -283,7 +291,7 @@ def test_a_fleet_routes_around_a_killed_decode_and_readmits_it_as_what_it_came_b
         server, _ = servicer(
             "llava-decode-2",
             fleet.model,
-            fleet.root,
+            root,
             kv_role="kv_consumer",
             transfer_dir=transfers,
             port=int(fleet.second.rsplit(":", 1)[1]),
@@ -291,9 +299,14 @@ def test_a_fleet_routes_around_a_killed_decode_and_readmits_it_as_what_it_came_b
         server.start()
         try:
             server.wait_ready(time.monotonic() + 240)
-            now[0] += 60
-            await pd.probe_once()
-            assert second.health.health is Health.HEALTHY
+            # Probed on a timer, as a router does: the channel reconnects on its own backoff,
+            # so the first probes after the restart may still fail.
+            deadline = time.monotonic() + 90
+            while not routable(second.health) and time.monotonic() < deadline:
+                now[0] += 60
+                await pd.probe_once()
+                await asyncio.sleep(1)
+            assert routable(second.health)  # re-admitted
             assert not second.worker.capability.language_model_only
             before = calls[fleet.second].generates
             await asyncio.gather(*(check(1 + i % 2, f"back-{i}") for i in range(4)))

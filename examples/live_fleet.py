@@ -1,0 +1,130 @@
+"""A fleet on this CPU: ``pd-policy-proxy`` over two prefills and two decodes, one killed and
+brought back.
+
+``make demo-fleet`` runs it. It builds the tests' tiny LLaVA (no model hub) and starts,
+on 127.0.0.1, two full-vision prefill servers (KV producers) and two
+``--language-model-only`` decode servers (KV consumers) on the transfer connector, each
+with ``--api-key``, and the proxy in front of them, which takes the workers' key from
+its environment and its clients' from a file. It sends mixed image and text traffic,
+kills one decode mid-run, sends more, restarts it and waits until the proxy routes to
+it again. It prints the answers beside the baseline's (the first prefill, sent plain
+requests), the spread of requests over the workers, and an excerpt of ``/metrics``;
+then stops every process it started, by process id.
+
+Run: ``python examples/live_fleet.py`` (in the venv that ``make test`` builds). About
+four minutes, most of it servers starting.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "vllm"))  # the model builder and server helpers
+
+
+def main() -> int:
+    from http_peers import data_url
+    from llava_prompts import TEXT
+    from pool_fleet import CLIENT_KEY, WORKER_KEY, fleet_proxy, pool_fleet
+    from router_side import image
+    from servers import running
+    from tiny_models import build_llava
+
+    from pd_policy_vllm.http.fleet.members import member_name
+
+    work = Path(tempfile.mkdtemp(prefix="pd-policy-fleet-demo-"))
+    llava = build_llava(work / "llava")
+
+    def body(seed: int | None, i: int) -> dict[str, Any]:
+        content: list[Any] = [{"type": "text", "text": f"fleet {TEXT}"}]
+        if seed is not None:
+            content.insert(0, {"type": "image_url", "image_url": {"url": data_url(image(seed))}})
+        return {"model": "tiny", "messages": [{"role": "user", "content": content}],
+                "max_tokens": 6, "temperature": 0, "return_token_ids": True}  # fmt: skip
+
+    def call(url: str, payload: Any, key: str, path: str = "/v1/chat/completions") -> Any:
+        data = None if payload is None else json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+        request = urllib.request.Request(url + path, data=data, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                raw = response.read()
+                return json.loads(raw) if path != "/metrics" else raw.decode()
+        except urllib.error.HTTPError as error:
+            return {"error": json.loads(error.read())["error"]["code"]}
+
+    def answer(reply: Any) -> str:
+        if "error" in reply:
+            return f"error {reply['error']}"
+        return " ".join(map(str, reply["choices"][0]["token_ids"]))
+
+    with pool_fleet(llava, work / "pool") as pool:
+        server, url = fleet_proxy(pool)
+        with running([server]):
+            seeds = [1, 2, None, 3]
+            baseline = {s: answer(call(pool.baseline, body(s, 0), WORKER_KEY)) for s in seeds}
+            rows: list[tuple[str, str, str, str]] = []
+
+            def send(phase: str, count: int) -> None:
+                with ThreadPoolExecutor(4) as pool_:
+                    replies = list(pool_.map(lambda i: (i, call(url, body(seeds[i % 4], i),
+                                                                CLIENT_KEY)), range(count)))  # fmt: skip
+                for i, reply in replies:
+                    seed = seeds[i % 4]
+                    got = answer(reply)
+                    same = "same" if got == baseline[seed] else "**DIFFERENT**"
+                    rows.append((phase, "text" if seed is None else f"image {seed}", got, same))
+
+            send("all up", 8)
+            pool.kill("d2")
+            send("d2 killed", 8)
+            pool.start("d2", language_model_only=True)
+            deadline = time.monotonic() + 60
+            d2 = member_name(pool.urls["d2"])
+            while time.monotonic() < deadline:
+                workers = call(url, None, CLIENT_KEY, "/admin/workers")["workers"]
+                if any(w["name"] == d2 and w["health"] == "healthy" for w in workers):
+                    break
+                time.sleep(1)
+            send("d2 back", 8)
+            metrics = call(url, None, CLIENT_KEY, "/metrics")
+        lines = (pool.root / "fleet-proxy.log").read_text(errors="replace").splitlines()
+        spread: collections.Counter[str] = collections.Counter()
+        for line in lines:
+            _, _, tail = line.partition("pd_policy_vllm.http.requests: ")
+            if tail.startswith("{"):
+                logged = json.loads(tail)
+                for role in ("prefill", "decode"):
+                    if logged.get(role):
+                        spread[f"{role} {logged[role]}"] += 1
+        names = {member_name(u): n for n, u in pool.urls.items()}
+
+    print("| phase | request | tokens through the fleet | beside the baseline |")
+    print("|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print("\nRequests per worker (from the proxy's request log):")
+    for key, count in sorted(spread.items()):
+        role, name = key.split(" ", 1)
+        print(f"  {role:8} {names.get(name, name):3} {count}")
+    print("\n/metrics (excerpt):")
+    for line in metrics.splitlines():
+        if line.startswith(("pd_policy_requests_total", "pd_policy_worker_up",
+                            "pd_policy_ejections_total", "pd_policy_retries_total")):  # fmt: skip
+            print("  " + line)
+    wrong = sum(1 for r in rows if r[3] != "same" and not r[2].startswith("error"))
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
