@@ -55,6 +55,11 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response({"received": received})
 
 
+async def health(request: web.Request) -> web.Response:
+    # A fleet router probes its workers: the stubs are healthy, as vllm serve is.
+    return web.Response(status=200)
+
+
 async def main(prefill_port: int, decode_port: int) -> None:
     prefill_app, decode_app = (
         web.Application(client_max_size=2**30),
@@ -63,6 +68,8 @@ async def main(prefill_port: int, decode_port: int) -> None:
     prefill_app.router.add_post("/v1/chat/completions", prefill)
     decode_app.router.add_post("/v1/chat/completions", decode)
     decode_app.router.add_get("/stats", stats)
+    for app in (prefill_app, decode_app):
+        app.router.add_get("/health", health)
     for app, port in ((prefill_app, prefill_port), (decode_app, decode_port)):
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()

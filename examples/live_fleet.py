@@ -76,9 +76,11 @@ def main() -> int:
             rows: list[tuple[str, str, str, str]] = []
 
             def send(phase: str, count: int) -> None:
+                def one(i: int) -> tuple[int, Any]:
+                    return i, call(url, body(seeds[i % 4], i), CLIENT_KEY)
+
                 with ThreadPoolExecutor(4) as pool_:
-                    replies = list(pool_.map(lambda i: (i, call(url, body(seeds[i % 4], i),
-                                                                CLIENT_KEY)), range(count)))  # fmt: skip
+                    replies = list(pool_.map(one, range(count)))
                 for i, reply in replies:
                     seed = seeds[i % 4]
                     got = answer(reply)

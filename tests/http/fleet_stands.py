@@ -41,6 +41,8 @@ class Stand:
     name: str
     lm_only: bool = True
     connector: str = "NixlConnector"
+    #: Serve /server_info (vLLM's development mode); else a 404, as in production.
+    describes: bool = True
     healthy: bool = True
     #: Statuses to answer the next chat requests with, first first (then 200).
     fail_next: list[int] = attrs.field(factory=list)
@@ -69,6 +71,8 @@ class Stand:
         return web.Response(status=200 if self.healthy else 500)
 
     async def info(self, request: web.Request) -> web.Response:
+        if not self.describes:
+            return web.Response(status=404)
         return web.json_response(_config(self.lm_only, self.connector))
 
     async def models(self, request: web.Request) -> web.Response:

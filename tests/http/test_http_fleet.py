@@ -257,3 +257,30 @@ def test_flags_name_an_ipv6_fleet_whole_and_mooncake_bootstraps_on_its_literal()
         assert d.worker.capability.language_model_only
 
     asyncio.run(main())
+
+
+def test_the_decode_capability_flag_speaks_of_decode_workers_only() -> None:
+    # Neither worker describes itself: the flags say what they are. --decode-capability
+    # lm-only must not make the prefill a language model only (it would refuse images).
+    async def main() -> None:
+        prefill, decode = Stand("p", describes=False), Stand("d", describes=False)
+        async with serving(prefill.app()) as p_url, serving(decode.app()) as d_url:
+            args = parser().parse_args(
+                [
+                    "--prefill",
+                    p_url,
+                    "--decode",
+                    d_url,
+                    "--no-mrope",
+                    "--kv-mode",
+                    "nixl",
+                    "--decode-capability",
+                    "lm-only",
+                ]
+            )
+            fleet = await read_fleet(args)
+        (p,), (d,) = fleet.of("prefill"), fleet.of("decode")
+        assert d.worker.capability.language_model_only
+        assert not p.worker.capability.language_model_only
+
+    asyncio.run(main())

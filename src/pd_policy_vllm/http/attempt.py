@@ -66,14 +66,19 @@ class Attempt:
     mrope: bool
     remote_media: RemoteMedia | None
 
-    def plan(self, body: Any, route: Route, request_id: str, choice: Choice) -> Plan[Member]:
-        """The policy's plan on ``choice``'s members (raises every refusal it makes)."""
+    def plan(
+        self, body: Any, route: Route, request_id: str, choice: Choice, *, chosen_on: bool
+    ) -> Plan[Member]:
+        """The policy's plan on ``choice``'s members (raises every refusal it makes);
+        ``chosen_on``: ``body`` is the one the members were chosen for, so the request
+        routing made of it serves when its media settings are the prefill's."""
         prefill, decode = choice.prefill, choice.decode
         candidate = DecodeCandidate(decode_capability(decode, prefill), decode)
+        made = choice.request if chosen_on and choice.media == prefill.worker.media else None
         return plan_request(
             body, route, [candidate], prefill.worker.kv, mrope=self.mrope,
             request_id=request_id, renders=prefill.worker.renders,
-            encodes=choice.encoder is not None, media=prefill.worker.media,
+            encodes=choice.encoder is not None, media=prefill.worker.media, request=made,
         )  # fmt: skip
 
     async def _post(self, life: RequestLife, stage: Stage, leg: str, url: str, body: Any,
@@ -98,7 +103,7 @@ class Attempt:
         whose URL the decode would fetch again, and the content could differ from what
         the prefill saw."""
         prefill = choice.prefill
-        plan = self.plan(body, route, request_id, choice)
+        plan = self.plan(body, route, request_id, choice, chosen_on=True)
         if translate is not None and (plan.render is not None or plan.epd):
             raise MalformedRequest(
                 "this API is not served with media on the M-RoPE metadata path or in E/P/D: "
@@ -118,7 +123,7 @@ class Attempt:
             # Fetched once, after every refusal the policy can make without it: the same
             # bytes to every leg, and an identity that is their hash.
             pinned = await pin_remote_media(self.session, body, prefill.worker.media.rules)
-            plan = self.plan(pinned, route, request_id, choice)
+            plan = self.plan(pinned, route, request_id, choice, chosen_on=False)
         encoder = choice.encoder
         if plan.render is not None:
             # In E/P/D the encoder renders: the hashes it stores under are the rendered ones.

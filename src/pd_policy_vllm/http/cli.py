@@ -213,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Proxy(
             fleet=fleet, mrope=bool(args.mrope), remote_media=remote, keys=keys,
             attempts=args.attempts, probe=probe if args.probe_interval > 0 else None,
-            admin=args.admin,
+            admin=args.admin, log_requests=args.access_log,
         )  # fmt: skip
 
     if args.processes > 1:

@@ -117,7 +117,8 @@ def parser() -> argparse.ArgumentParser:
         help="serve /admin/workers: list, add and drain workers at run time",
     )
     add("--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers")
-    add("--no-access-log", dest="access_log", action="store_false", help="log no requests")
+    add("--no-access-log", dest="access_log", action="store_false",
+        help="log no requests: neither the access log nor the one JSON line a request")  # fmt: skip
     return cli
 
 

@@ -154,6 +154,7 @@ def plan_request(
     encodes: bool = False,
     media: WorkerMedia | None = None,
     nonce: str | None = None,
+    request: Request | None = None,
 ) -> Plan[T]:
     """Decide everything before prefill. Raises every refusal the policy can make then:
     malformed bodies, the carve-outs, no decode worker, and ``echo`` on a request with
@@ -170,11 +171,14 @@ def plan_request(
 
     ``media`` is what the prefill worker does with media, and ``nonce`` makes an uncached
     item's identity pure (see [`policy_request`][pd_policy_vllm.http.request.policy_request]).
+    ``request`` is that core request when the caller already made it of ``body`` under
+    ``media`` (a router that chose its workers on it): it is taken as it is.
     """
     media = media if media is not None else WorkerMedia()
-    request = policy_request(
-        body, route, request_id=request_id, mrope=mrope, media=media, nonce=nonce
-    )
+    if request is None:
+        request = policy_request(
+            body, route, request_id=request_id, mrope=mrope, media=media, nonce=nonce
+        )
     uncached = route is Route.CHAT and uncached_parts(body, media.rules)
     epd = runs_epd(request, route, encodes=encodes)
     decided = as_decided(request, route, renders=renders or epd)

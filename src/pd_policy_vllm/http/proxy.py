@@ -74,7 +74,8 @@ class Proxy:
     ``keys``: the workers' key and the clients'. ``attempts``: how many times a request
     may be tried in all. ``probe``: how the fleet is probed (``None``: not at all).
     ``admin``: serve the fleet's routes. ``trace_configs`` go to the client session
-    (tests record the legs with one).
+    (tests record the legs with one). ``log_requests``: one JSON line a request on
+    the ``pd_policy_vllm.http.requests`` logger.
 
     Raises ``ValueError`` without a fleet or a pair, and for ``RemoteMedia.FETCH`` with a
     prefill whose media rules are unknown (the proxy cannot tell what it would refuse).
@@ -94,6 +95,7 @@ class Proxy:
         probe: Probe | None = None,
         admin: bool = False,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        log_requests: bool = True,
     ) -> None:
         self.metrics = Metrics()
         if fleet is None:
@@ -113,6 +115,7 @@ class Proxy:
         self.keys = keys if keys is not None else Keys()
         self.attempts, self.probe, self.admin = attempts, probe, admin
         self.trace_configs = list(trace_configs)
+        self.log_requests = log_requests
         self.draining = False
 
     def app(self) -> web.Application:
@@ -229,7 +232,7 @@ class Proxy:
             form = "-"
             try:
                 choice = choose_members(self.fleet, body, route, mrope=self.mrope,
-                                        exclude=life.failed_on)  # fmt: skip
+                                        exclude=life.failed_on, request_id=request_id)  # fmt: skip
                 for member in choice.members:
                     member.outstanding += 1
                 try:
@@ -291,6 +294,8 @@ class Proxy:
         self, request_id: str, route: str, choice: Choice | None, form: str | None,
         status: int, outcome: str, attempts: int, arrived: float,
     ) -> None:  # fmt: skip
+        if not self.log_requests:
+            return
         line = {
             "request_id": request_id, "route": route, "status": status, "outcome": outcome,
             "form": form, "attempts": attempts,

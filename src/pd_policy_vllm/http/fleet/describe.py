@@ -116,7 +116,10 @@ async def describe(
         capability = capability_from_config(config)
         media = media_from_config(config, info.get("vllm_env") if info else None)
     else:
-        capability = says.capability if says.capability is not None else WorkerCapability()
+        # --decode-capability speaks of the decode workers only; a prefill or an encoder
+        # that does not describe itself stays unknown (treated as vision-capable).
+        stated = says.capability if role == "decode" else None
+        capability = stated if stated is not None else WorkerCapability()
         media = WorkerMedia()
         if says.allowed_media_domains is not None:
             # The operator states the worker's rules: an empty list is vLLM's "any host".

@@ -20,6 +20,7 @@ import attrs
 from pd_policy import (
     DecodeCandidate,
     MultimodalNotSupported,
+    Request,
     Support,
     WorkerCapability,
     select_decode_workers,
@@ -27,6 +28,7 @@ from pd_policy import (
     select_prefill_workers,
 )
 from pd_policy_vllm.http.fleet.members import Fleet, Member
+from pd_policy_vllm.http.identity import WorkerMedia
 from pd_policy_vllm.http.plan import as_decided, runs_epd
 from pd_policy_vllm.http.request import Route, policy_request
 
@@ -35,11 +37,15 @@ __all__ = ["Choice", "choose_members", "decode_capability"]
 
 @attrs.frozen(slots=True)
 class Choice:
-    """The members one attempt goes to (no encoder outside E/P/D)."""
+    """The members one attempt goes to (no encoder outside E/P/D), and the core request
+    they were chosen for with the media settings its identities were made under: the
+    plan takes it as it is when the chosen prefill's settings are those."""
 
     prefill: Member
     decode: Member
     encoder: Member | None = None
+    request: Request | None = attrs.field(default=None, eq=False)
+    media: WorkerMedia | None = attrs.field(default=None, eq=False)
 
     @property
     def members(self) -> tuple[Member, ...]:
@@ -68,7 +74,7 @@ def _candidates(members: Sequence[Member]) -> list[DecodeCandidate[Member]]:
 
 def choose_members(
     fleet: Fleet, body: Mapping[str, Any], route: Route, *, mrope: bool,
-    exclude: Sequence[str] = (),
+    exclude: Sequence[str] = (), request_id: str = "routing",
 ) -> Choice:  # fmt: skip
     """The members that take an attempt at ``body``, leaving out those named in
     ``exclude`` (an earlier attempt failed on them).
@@ -80,7 +86,12 @@ def choose_members(
     [`NoWorkerAvailable`][pd_policy.errors.NoWorkerAvailable] (503, retryable) for a role
     whose compatible members are all out of service.
     """
-    request = policy_request(body, route, request_id="routing", mrope=mrope)
+    listed = fleet.of("prefill")
+    # The identities depend on the prefill's media settings: made once under the settings
+    # every prefill shares (the common case), and again by the plan otherwise.
+    settings = [m.worker.media for m in listed]
+    media = settings[0] if settings and all(s == settings[0] for s in settings) else None
+    request = policy_request(body, route, request_id=request_id, mrope=mrope, media=media)
     affinity = ",".join(h for b in request.batches for h in b.mm_hashes) or None
     encoders = select_encoder_workers(_candidates(fleet.of("encode")))
     epd = runs_epd(request, route, encodes=bool(encoders))
@@ -88,7 +99,6 @@ def choose_members(
     if epd:
         encoder = fleet.choose("encode", [c.handle for c in encoders], affinity=affinity,
                                exclude=exclude)  # fmt: skip
-    listed = fleet.of("prefill")
     prefills = select_prefill_workers(request, _candidates(listed), encoded=epd)
     if listed and not prefills:
         raise MultimodalNotSupported(
@@ -101,4 +111,4 @@ def choose_members(
     decodes = [DecodeCandidate(decode_capability(m, prefill), m) for m in fleet.of("decode")]
     compatible = [c.handle for c in select_decode_workers(decided, decodes)]
     decode = fleet.choose("decode", compatible, exclude=exclude)
-    return Choice(prefill, decode, encoder)
+    return Choice(prefill, decode, encoder, request, media)
