@@ -8,8 +8,9 @@ router's whole hop on messages and on bytes (``bench/byte_hop.py``) are measured
 skipped.
 
 Run: ``python bench/run.py [--quick] [--no-docs] [--no-proxy] [--no-grpc-load] [--no-byte-hop]
-[--no-media] [--no-balance]``. The media identity bench (``bench/media_identity.py``) and the
-fleet balance simulation (``bench/balance.py``) run too.
+[--no-media] [--no-balance] [--no-processes]``. The media identity bench
+(``bench/media_identity.py``), the fleet balance simulation (``bench/balance.py``) and the
+proxy at 1, 2 and 4 processes (``bench/proxy_processes.py``) run too.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import google.protobuf
 import grpc_load  # bench/, beside this script
 import http_proxy  # bench/, beside this script
 import media_identity  # bench/, beside this script
+import proxy_processes  # bench/, beside this script
 from measuring import median_seconds, paired_ratio, verdicts
 from wire_requests import KV, MIB, wire_mrope_request, wire_request
 
@@ -308,6 +310,9 @@ def main() -> int:
     )
     parser.add_argument("--no-media", action="store_true", help="skip the media identity benchmark")
     parser.add_argument("--no-balance", action="store_true", help="skip the balance simulation")
+    parser.add_argument(
+        "--no-processes", action="store_true", help="skip the proxy at 1, 2 and 4 processes"
+    )
     args = parser.parse_args()
     results = run(args.quick)
     if not args.no_proxy:
@@ -320,6 +325,8 @@ def main() -> int:
         results["media_identity"] = media_identity.measure(args.quick)
     if not args.no_balance:
         results["balance"] = balance.measure(args.quick)
+    if not args.no_processes and not args.no_proxy:
+        results["proxy_processes"] = proxy_processes.measure(args.quick)
     (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     rendered = table(results)
     print(rendered)
@@ -338,6 +345,10 @@ def main() -> int:
     spread = balance.table(results["balance"]) if "balance" in results else None
     if spread is not None:
         print("\n" + spread)
+    forks = results.get("proxy_processes")
+    scaling = proxy_processes.table(forks) if forks is not None else None
+    if scaling is not None:
+        print("\n" + scaling)
     if not args.no_docs:
         doc = ROOT / "docs" / "performance.md"
         text = splice(doc.read_text(encoding="utf-8"), "performance", rendered)
@@ -351,6 +362,8 @@ def main() -> int:
             text = splice(text, media_identity.NAME, media)
         if spread is not None:
             text = splice(text, balance.NAME, spread)
+        if scaling is not None:
+            text = splice(text, proxy_processes.NAME, scaling)
         doc.write_text(text, encoding="utf-8")
     return 0
 

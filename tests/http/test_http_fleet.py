@@ -1,7 +1,7 @@
 """The proxy over a fleet of stand-in workers: load spread, retries only where invisible,
 ejection and re-admission as another kind, keys, metrics, the admin routes and IPv6.
 
-The real ``vllm serve`` fleet is in ``tests/vllm/http/test_http_llava_fleet_live.py``;
+The real ``vllm serve`` fleet is in ``tests/vllm/http/test_http_pool_fleet_live.py``;
 these are the faults a real worker cannot be made to show on demand."""
 
 from __future__ import annotations

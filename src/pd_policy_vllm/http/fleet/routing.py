@@ -3,7 +3,7 @@ E/P/D an encoder, chosen by the core's rules before any worker is called.
 
 For each role the compatible members come first (the core's selection over each one's
 current description), then the routable ones, then affinity or load
-([`Fleet.choose`][pd_policy_vllm.http.fleet.members.Fleet.choose]). The prefill and the
+([`Roster.choose`][pd_policy.roster.Roster.choose]). The prefill and the
 encoder are chosen by affinity to the request's media, whose prefix and encoder caches
 they hold; the decode by load. A decode worker that takes M-RoPE metadata takes it
 only when it and the chosen prefill both serve vLLM's scale-out routes; else it is a

@@ -1,5 +1,6 @@
 """``pd-policy-proxy`` over a fleet of real ``vllm serve`` workers, which the tests kill and
-restart.
+restart. (Named apart from the ``test_http_llava_*`` modules, which share another fleet
+and must run together.)
 
 The pool (``llava_pool``: two full-vision LLaVA prefills and two ``--language-model-only``
 decodes on the ``TransferConnector``, each with ``--api-key``; started once on
