@@ -113,7 +113,9 @@ async def _latencies(
     return out
 
 
-async def _throughput(session: aiohttp.ClientSession, url: str, body: Any, seconds: float) -> float:
+async def _throughput(
+    session: aiohttp.ClientSession, url: str, body: Any, seconds: float, clients: int = 16
+) -> float:
     done = 0
     end = time.monotonic() + seconds
 
@@ -124,7 +126,7 @@ async def _throughput(session: aiohttp.ClientSession, url: str, body: Any, secon
                 await response.read()
             done += 1
 
-    await asyncio.gather(*(worker() for _ in range(16)))
+    await asyncio.gather(*(worker() for _ in range(clients)))
     return done / seconds
 
 

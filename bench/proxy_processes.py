@@ -18,28 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from http_proxy import _body, _port, _process, _ready
+from http_proxy import _body, _port, _process, _ready, _throughput
 
 HERE = Path(__file__).resolve().parent
 PROCESSES = (1, 2, 4)
 #: The generated block of docs/performance.md.
 NAME = "performance-processes"
-
-
-async def _rate(session: aiohttp.ClientSession, url: str, body: Any, seconds: float) -> float:
-    done = 0
-    loop = asyncio.get_running_loop()
-    end = loop.time() + seconds
-
-    async def worker() -> None:
-        nonlocal done
-        while loop.time() < end:
-            async with session.post(url, json=body) as response:
-                await response.read()
-            done += 1
-
-    await asyncio.gather(*(worker() for _ in range(32)))
-    return done / seconds
 
 
 async def _measure(quick: bool) -> dict[str, Any]:
@@ -61,8 +45,8 @@ async def _measure(quick: bool) -> dict[str, Any]:
                 connector = aiohttp.TCPConnector(limit=0, force_close=False)
                 async with aiohttp.ClientSession(connector=connector) as session:
                     await _ready(session, url, body)
-                    await _rate(session, url, body, 1.0)  # warm-up: every child answers
-                    out[str(n)] = await _rate(session, url, body, seconds)
+                    await _throughput(session, url, body, 1.0, 32)  # warm-up: every child answers
+                    out[str(n)] = await _throughput(session, url, body, seconds, 32)
     return out
 
 

@@ -1,7 +1,7 @@
 """``FleetPd`` over in-process engines on loopback: load spread, media affinity, retries only
 before the first response, ejection by probe and re-admission as what a worker is now.
 
-The real servicer fleet is in ``tests/vllm/smg/test_smg_fleet.py``; these are the faults a
+The real servicer fleet is in ``tests/vllm/smg/test_smg_llava.py``; these are the faults a
 real worker cannot be made to show on demand."""
 
 from __future__ import annotations
