@@ -121,3 +121,18 @@ def test_the_check_refuses_exactly_what_the_core_refuses(
         assert not core_verdict(proto)
     else:
         assert core_verdict(proto)
+
+
+def test_a_media_reference_of_an_unknown_modality_is_refused_without_its_url() -> None:
+    # The URL may carry a signature or a tenant's path: the 400 names the field, never it.
+    secret = "https://bucket.example/tenant-7/a.png?X-Amz-Signature=s3cr3t"
+    proto = pb.GenerateRequest(request_id="r")
+    proto.tokenized.input_ids.extend([1, 2, 3])
+    proto.media_refs.items.add(modality=99, url=secret)
+    try:
+        check_generate_request(proto)
+    except MalformedRequest as exc:
+        assert exc.param == "media_refs.items[0].modality"
+        assert "s3cr3t" not in str(exc.to_body()) and "bucket" not in str(exc.to_body())
+    else:
+        raise AssertionError("an unknown modality was accepted")
