@@ -12,9 +12,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import pytest
 from fleet_stands import Stand, serving, stands
 
 from pd_policy import Health
+from pd_policy_vllm.http import capability_from_config
 from pd_policy_vllm.http.auth import Keys
 from pd_policy_vllm.http.cli import read_fleet
 from pd_policy_vllm.http.flags import parser
@@ -284,3 +286,21 @@ def test_the_decode_capability_flag_speaks_of_decode_workers_only() -> None:
         assert not p.worker.capability.language_model_only
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("role", "takes_metadata"),
+    [("kv_consumer", True), ("kv_both", True), ("kv_producer", False), (None, False)],
+)
+def test_every_kv_role_a_worker_reports_counts(role: str | None, takes_metadata: bool) -> None:
+    # A language-model-only worker that takes KV (a consumer, or both ways) takes M-RoPE
+    # metadata; one that only produces KV, or takes none, does not.
+    kv = {"kv_connector": "NixlConnector", "kv_role": role} if role else {}
+    # What vLLM 0.32 reports of a language-model-only worker: embeddings-only items, and
+    # items without embeddings, allowed; only the KV role differs.
+    mm = {"language_model_only": True, "enable_mm_embeds": True,
+          "allow_missing_mm_embeddings": True}  # fmt: skip
+    config = {"model_config": {"multimodal_config": mm}, "kv_transfer_config": kv}
+    capability = capability_from_config(config)
+    assert capability.language_model_only
+    assert capability.takes_mm_metadata is takes_metadata
