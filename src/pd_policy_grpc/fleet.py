@@ -40,6 +40,7 @@ from pd_policy import (
     InvalidConfiguration,
     KvConnectorMode,
     MultimodalNotSupported,
+    NoWorkerAvailable,
     PolicyError,
     PrefillKv,
     Request,
@@ -211,8 +212,15 @@ class FleetPd:
         if isinstance(request, bytes | bytearray | memoryview):
             request = read_request(bytes(request))
         life = RequestLife(attempts=self.attempts)
+        last: PolicyError | None = None
         while True:
-            prefill, decode = self.choose(request, exclude=life.failed_on)
+            try:
+                prefill, decode = self.choose(request, exclude=life.failed_on)
+            except NoWorkerAvailable:
+                if last is None:
+                    raise
+                # No other worker to try: the caller gets the failure that made it try.
+                raise last from None
             life = begin(life, Stage.PREFILLING)
             members = (prefill, decode)
             for member in members:
@@ -225,6 +233,7 @@ class FleetPd:
                     except StopAsyncIteration:
                         first = None
                     except PolicyError as exc:
+                        last = exc
                         blamed = self._blame(exc, prefill, decode)
                         life = fail(life, exc, blamed.name if blamed is not None else None)
                         if life.stage is Stage.PLANNING:

@@ -251,3 +251,14 @@ def test_the_fleet_example_of_the_docs_runs_verbatim() -> None:
         assert tokens == answer(leg) and not leg.mm_inputs.HasField("pixel_values")
 
     asyncio.run(main())
+
+
+def test_with_no_other_worker_to_try_the_caller_gets_the_failure_that_made_it_try() -> None:
+    async def test(fleet: FleetPd, ps: list[PrefillEngine], ds: list[Decode], now: Clock) -> None:
+        ds[0].fail_next = [grpc.StatusCode.UNAVAILABLE]
+        with pytest.raises(WorkerFailedToStart) as caught:  # not a 503 for no decode left
+            await served(fleet, image(1, "alone"))
+        assert caught.value.code == "decode_worker_failed_to_start"
+        assert len(ds[0].requests) == 1
+
+    run(test, decodes=1)
