@@ -15,14 +15,19 @@ import aiohttp
 import pytest
 from fleet_stands import Stand, serving, stands
 
-from pd_policy import Health
-from pd_policy_vllm.http import capability_from_config
+from pd_policy import Health, Support, WorkerCapability
+from pd_policy_vllm.http import HttpWorker, capability_from_config
+from pd_policy_vllm.http.attempt import Attempt
 from pd_policy_vllm.http.auth import Keys
 from pd_policy_vllm.http.cli import read_fleet
 from pd_policy_vllm.http.flags import parser
 from pd_policy_vllm.http.fleet.members import Fleet, Member
+from pd_policy_vllm.http.fleet.metrics import Metrics
 from pd_policy_vllm.http.fleet.probe import Probe
+from pd_policy_vllm.http.fleet.routing import choose_members
+from pd_policy_vllm.http.identity import WorkerMedia
 from pd_policy_vllm.http.proxy import Proxy
+from pd_policy_vllm.http.request import Route, policy_request
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 Test = Callable[[str, list[Stand], list[Stand], Proxy], Awaitable[None]]
@@ -304,3 +309,27 @@ def test_every_kv_role_a_worker_reports_counts(role: str | None, takes_metadata:
     capability = capability_from_config(config)
     assert capability.language_model_only
     assert capability.takes_mm_metadata is takes_metadata
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_plan_names_items_under_the_chosen_prefills_own_settings(shared: bool) -> None:
+    # Routing makes the core request once; the plan may take it only when it was made
+    # under the chosen prefill's media settings (a hash factor of every item). Prefills
+    # with settings of their own must each name an image under their own.
+    fleet = Fleet()
+    for i, port in enumerate((1, 2)):
+        media = WorkerMedia(processor_kwargs={"num_crops": 4 if shared else i})
+        worker = HttpWorker(f"http://127.0.0.1:{port}", WorkerCapability(Support.TRUE),
+                            media=media)  # fmt: skip
+        fleet.add("prefill", worker, healthy=True)
+    fleet.add("decode", HttpWorker("http://127.0.0.1:3", WorkerCapability(Support.FALSE)),
+              healthy=True)  # fmt: skip
+    attempt = Attempt(None, {}, Metrics(), False, None)  # type: ignore[arg-type]
+    for seed in range(8):
+        body = chat(seed)
+        choice = choose_members(fleet, body, Route.CHAT, mrope=False)
+        assert (choice.request is not None) and (choice.media is not None) is shared
+        plan = attempt.plan(body, Route.CHAT, "r", choice, chosen_on=True)
+        own = policy_request(body, Route.CHAT, request_id="r", mrope=False,
+                             media=choice.prefill.worker.media)  # fmt: skip
+        assert plan.request.batches[0].mm_hashes == own.batches[0].mm_hashes
