@@ -111,6 +111,7 @@ from .media_identity import (
 )
 from .media_rules import DEFAULT_FETCH_TIMEOUTS, MediaFetchRules, check_media_url, media_source
 from .mrope import MROPE_GRID_KEYS, grids_kept_on_cpu, has_mrope_grids, mrope_metadata_gap
+from .placement import Placement, media_affinity, place
 from .prefill import prefill_batch, prefill_leg
 from .request import LegacyKvParams, MediaRef, Request
 from .roster import ROLES, Roster
@@ -197,6 +198,7 @@ __all__ = [
     "NoWorkerAvailable",
     "PayloadLocation",
     "PlaceholderRange",
+    "Placement",
     "PolicyError",
     "PrefillForm",
     "PrefillKv",
@@ -248,11 +250,13 @@ __all__ = [
     "item_identity",
     "leg_failed",
     "leg_succeeded",
+    "media_affinity",
     "media_source",
     "metadata_only",
     "mint_transfer_id",
     "mrope_metadata_gap",
     "needs_encode_leg",
+    "place",
     "plan_kv_handoff",
     "prefill_batch",
     "prefill_leg",

@@ -7,7 +7,8 @@ The roster is the core's ([`pd_policy.Roster`][pd_policy.roster.Roster]), of
 1. the prefill is chosen among the members that can process its media, by affinity to
    its items' content hashes (its prefix cache holds them), bounded by load; the
    decode among the members that can serve it (never one that cannot while one that
-   can is listed), by load. Both are the core's rules, over snapshots;
+   can is listed), by load: the core's [`place`][pd_policy.placement.place], which
+   the HTTP proxy uses too;
 2. the pair serves it as [`SequentialPd`][pd_policy_grpc.client.SequentialPd] does
    (or [`SequentialPdBytes`][pd_policy_grpc.raw.client.SequentialPdBytes] on bytes);
 3. a worker's failure before the first decode response (unreachable, or a status the
@@ -39,7 +40,6 @@ from pd_policy import (
     HealthState,
     InvalidConfiguration,
     KvConnectorMode,
-    MultimodalNotSupported,
     NoWorkerAvailable,
     PolicyError,
     PrefillKv,
@@ -53,10 +53,9 @@ from pd_policy import (
     begin,
     done,
     fail,
+    place,
     responding,
     routable,
-    select_decode_workers,
-    select_prefill_workers,
 )
 from pd_policy_grpc.capability import capability_from_info
 from pd_policy_grpc.client import SequentialPd
@@ -122,8 +121,8 @@ def _view(request: Any) -> Request:
     return request.view() if isinstance(request, RawRequest) else request_view(request)
 
 
-def _affinity(view: Request) -> str | None:
-    return ",".join(h for b in view.batches for h in b.mm_hashes) or None
+def _capability(member: Member) -> WorkerCapability:
+    return member.worker.capability
 
 
 class FleetPd:
@@ -168,21 +167,8 @@ class FleetPd:
         no listed prefill can process its media, and
         [`NoWorkerAvailable`][pd_policy.errors.NoWorkerAvailable] (503, retryable)
         when the ones that could are all out of service."""
-        view = _view(request)
-        listed = self.roster.of("prefill")
-        prefills = select_prefill_workers(
-            view, [DecodeCandidate(m.worker.capability, m) for m in listed], encoded=False
-        )
-        if listed and not prefills:
-            raise MultimodalNotSupported(
-                "no prefill worker of this fleet can process the request's media"
-            )
-        prefill = self.roster.choose("prefill", [c.handle for c in prefills],
-                                     affinity=_affinity(view), exclude=exclude)  # fmt: skip
-        decodes = [DecodeCandidate(m.worker.capability, m) for m in self.roster.of("decode")]
-        compatible = [c.handle for c in select_decode_workers(view, decodes)]
-        decode = self.roster.choose("decode", compatible, exclude=exclude)
-        return prefill, decode
+        placed = place(self.roster, _view(request), capability=_capability, exclude=exclude)
+        return placed.prefill, placed.decode
 
     def _pair(self, prefill: Member, decode: Member) -> Pair:
         key = (prefill.name, decode.name)

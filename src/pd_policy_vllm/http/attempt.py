@@ -73,7 +73,7 @@ class Attempt:
         ``chosen_on``: ``body`` is the one the members were chosen for, so the request
         routing made of it serves when its media settings are the prefill's."""
         prefill, decode = choice.prefill, choice.decode
-        candidate = DecodeCandidate(decode_capability(decode, prefill), decode)
+        candidate = DecodeCandidate(decode_capability(decode), decode)
         made = choice.request if chosen_on and choice.media == prefill.worker.media else None
         return plan_request(
             body, route, [candidate], prefill.worker.kv, mrope=self.mrope,

@@ -117,7 +117,7 @@ async def read_workers(args: argparse.Namespace) -> tuple[HttpWorker, list[HttpW
     scale-out routes. Raises as [`read_fleet`][pd_policy_vllm.http.cli.read_fleet]."""
     fleet = await read_fleet(args)
     prefill = fleet.of("prefill")[0]
-    decodes = [attrs.evolve(m.worker, capability=decode_capability(m, prefill))
+    decodes = [attrs.evolve(m.worker, capability=decode_capability(m))
                for m in fleet.of("decode")]  # fmt: skip
     return prefill.worker, decodes
 

@@ -1,11 +1,9 @@
 """Which members of the fleet take one attempt at a request: a prefill, a decode, and in
 E/P/D an encoder, chosen by the core's rules before any worker is called.
 
-For each role the compatible members come first (the core's selection over each one's
-current description), then the routable ones, then affinity or load
-([`Roster.choose`][pd_policy.roster.Roster.choose]). The prefill and the
-encoder are chosen by affinity to the request's media, whose prefix and encoder caches
-they hold; the decode by load. A decode worker that takes M-RoPE metadata takes it
+The rules are the core's ([`place`][pd_policy.placement.place]), shared with the
+gRPC fleet: compatible first, then routable, then affinity to the request's media for
+the encoder and prefill, load for the decode. A decode worker that takes M-RoPE metadata takes it
 only when it and the chosen prefill both serve vLLM's scale-out routes; else it is a
 plainly language-model-only worker for this request.
 """
@@ -17,16 +15,7 @@ from typing import Any
 
 import attrs
 
-from pd_policy import (
-    DecodeCandidate,
-    MultimodalNotSupported,
-    Request,
-    Support,
-    WorkerCapability,
-    select_decode_workers,
-    select_encoder_workers,
-    select_prefill_workers,
-)
+from pd_policy import Request, Support, WorkerCapability, place
 from pd_policy_vllm.http.fleet.members import Fleet, Member
 from pd_policy_vllm.http.identity import WorkerMedia
 from pd_policy_vllm.http.plan import as_decided, runs_epd
@@ -56,20 +45,16 @@ class Choice:
         return {"encode": self.encoder, "prefill": self.prefill, "decode": self.decode}.get(leg)
 
 
-def decode_capability(decode: Member, prefill: Member) -> WorkerCapability:
-    """``decode``'s capability for a request prefilled on ``prefill``: the metadata path
-    needs the scale-out routes on both. A decode without them is plainly
-    language-model-only; a prefill without them leaves the request unrendered, which the
+def decode_capability(decode: Member) -> WorkerCapability:
+    """``decode``'s capability as a router may use it: the metadata path needs the
+    scale-out routes on both workers. A decode without them is plainly
+    language-model-only; a prefill without them leaves the request unrendered (the
+    request decided on, [`as_decided`][pd_policy_vllm.http.plan.as_decided]), which the
     core refuses for the metadata path by naming what is missing (``input_ids``)."""
-    del prefill  # its part is in the request decided on (as_decided)
     capability = decode.worker.capability
     if capability.takes_mm_metadata and not decode.worker.renders:
         return attrs.evolve(capability, accepts_mm_metadata=Support.FALSE)
     return capability
-
-
-def _candidates(members: Sequence[Member]) -> list[DecodeCandidate[Member]]:
-    return [DecodeCandidate(m.worker.capability, m) for m in members]
 
 
 def choose_members(
@@ -77,38 +62,30 @@ def choose_members(
     exclude: Sequence[str] = (), request_id: str = "routing",
 ) -> Choice:  # fmt: skip
     """The members that take an attempt at ``body``, leaving out those named in
-    ``exclude`` (an earlier attempt failed on them).
+    ``exclude`` (an earlier attempt failed on them), by the core's
+    [`place`][pd_policy.placement.place].
 
     Raises what [`plan_request`][pd_policy_vllm.http.plan.plan_request] raises before
-    prefill for a body no worker could serve (the carve-outs, a malformed body),
-    [`MultimodalNotSupported`][pd_policy.errors.MultimodalNotSupported] (400) when no
-    listed prefill worker can process its media, and
+    prefill for a body no worker could serve (the carve-outs, a malformed body), and
+    what ``place`` raises: [`MultimodalNotSupported`][pd_policy.errors.MultimodalNotSupported]
+    (400) when no listed prefill worker can process its media, and
     [`NoWorkerAvailable`][pd_policy.errors.NoWorkerAvailable] (503, retryable) for a role
     whose compatible members are all out of service.
     """
-    listed = fleet.of("prefill")
     # The identities depend on the prefill's media settings: made once under the settings
     # every prefill shares (the common case), and again by the plan otherwise.
-    settings = [m.worker.media for m in listed]
+    settings = [m.worker.media for m in fleet.of("prefill")]
     media = settings[0] if settings and all(s == settings[0] for s in settings) else None
     request = policy_request(body, route, request_id=request_id, mrope=mrope, media=media)
-    affinity = ",".join(h for b in request.batches for h in b.mm_hashes) or None
-    encoders = select_encoder_workers(_candidates(fleet.of("encode")))
-    epd = runs_epd(request, route, encodes=bool(encoders))
-    encoder = None
-    if epd:
-        encoder = fleet.choose("encode", [c.handle for c in encoders], affinity=affinity,
-                               exclude=exclude)  # fmt: skip
-    prefills = select_prefill_workers(request, _candidates(listed), encoded=epd)
-    if listed and not prefills:
-        raise MultimodalNotSupported(
-            "no prefill worker of this fleet can process the request's media: each runs as a "
-            "language model only, or as an encoder"
-        )
-    prefill = fleet.choose("prefill", [c.handle for c in prefills], affinity=affinity,
-                           exclude=exclude)  # fmt: skip
-    decided = as_decided(request, route, renders=prefill.worker.renders or epd)
-    decodes = [DecodeCandidate(decode_capability(m, prefill), m) for m in fleet.of("decode")]
-    compatible = [c.handle for c in select_decode_workers(decided, decodes)]
-    decode = fleet.choose("decode", compatible, exclude=exclude)
-    return Choice(prefill, decode, encoder, request, media)
+
+    def capability(member: Member) -> WorkerCapability:
+        return decode_capability(member) if member.role == "decode" else member.worker.capability
+
+    def decided(prefill: Member, encoded: bool) -> Request:
+        return as_decided(request, route, renders=prefill.worker.renders or encoded)
+
+    placed = place(
+        fleet, request, capability=capability, exclude=exclude, decided=decided,
+        encode=runs_epd(request, route, encodes=True),
+    )  # fmt: skip
+    return Choice(placed.prefill, placed.decode, placed.encoder, request, media)
