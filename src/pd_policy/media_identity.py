@@ -28,7 +28,8 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -172,6 +173,13 @@ class HashFactors:
     worker_media_io_kwargs: str = attrs.field(default=None, converter=_worker_media_io_kwargs)
 
 
+#: Every factor, in the fields' order (attrs.astuple copies recursively, and this runs
+#: once per media item of every request); read from the class, so a new factor counts.
+_factor_values: Callable[[HashFactors], tuple[str, ...]] = operator.attrgetter(
+    *(a.name for a in attrs.fields(HashFactors))
+)
+
+
 def _field(text: str) -> bytes:
     raw = text.encode("utf-8", "surrogatepass")
     return len(raw).to_bytes(8, "big") + raw
@@ -211,6 +219,6 @@ def item_identity(
     h.update(_MODALITY_TAG[inputs.modality])
     h.update(_field(inputs.basis.value))
     h.update(_field(inputs.value))
-    for factor in attrs.astuple(inputs.factors):
+    for factor in _factor_values(inputs.factors):
         h.update(_field(factor))
     return IDENTITY_PREFIX + h.hexdigest()

@@ -82,10 +82,11 @@ class Attempt:
         )  # fmt: skip
 
     async def _post(self, life: RequestLife, stage: Stage, leg: str, url: str, body: Any,
-                    request_id: str) -> tuple[RequestLife, Any]:  # fmt: skip
+                    request_id: str, *, parse: bool = True) -> tuple[RequestLife, Any]:  # fmt: skip
         life = begin(life, stage)
         started = time.monotonic()
-        answer = await post_json(self.session, leg, url, body, request_id, self.headers)
+        answer = await post_json(self.session, leg, url, body, request_id, self.headers,
+                                 parse=parse)  # fmt: skip
         self.metrics.legs.labels(leg).observe(time.monotonic() - started)
         return life, answer
 
@@ -138,9 +139,10 @@ class Attempt:
             plan = plan_encoded(plan, answer)
         response = None
         if plan.prefill is not None:
+            # Unparsed: the decode leg reads only what it needs, the ids as bytes.
             life, response = await self._post(life, Stage.PREFILLING, "prefill",
                                               prefill.worker.url + plan.prefill_route, plan.prefill,
-                                              request_id)  # fmt: skip
+                                              request_id, parse=False)  # fmt: skip
         to_decode = decode_leg(plan, response)
         if translate is not None:
             to_decode = translate(to_decode, plan.form in STRIPPED)

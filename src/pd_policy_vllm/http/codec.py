@@ -31,7 +31,10 @@ from typing import Annotated, Any
 
 from pd_policy import MalformedRequest
 
-__all__ = ["canonical", "dumps", "loads", "sha256_identity", "token_ids"]
+from .token_ids import TokenIds
+
+__all__ = ["ReplyFields", "canonical", "dumps", "loads", "reply_fields", "sha256_identity",
+           "token_ids"]  # fmt: skip
 
 try:
     import msgspec
@@ -41,11 +44,41 @@ except ImportError:  # pragma: no cover - exercised by forcing the fallback in t
 #: Set to ``False`` (tests do) to use the standard library even where msgspec is installed.
 USE_MSGSPEC = msgspec is not None
 
+
+def _encode_hook(value: Any) -> Any:
+    if isinstance(value, TokenIds):
+        return msgspec.Raw(value.json)
+    raise NotImplementedError(f"{type(value).__name__} is not JSON")
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, TokenIds):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
 if msgspec is not None:
-    _ENCODER = msgspec.json.Encoder()
+    _ENCODER = msgspec.json.Encoder(enc_hook=_encode_hook)
     _SORTED = msgspec.json.Encoder(order="sorted")
     _DECODER = msgspec.json.Decoder()
     _TokenIds = list[Annotated[int, msgspec.Meta(ge=0)]]
+
+    class _Reply(msgspec.Struct):
+        # What the decode leg needs of a prefill's reply; the ids stay bytes.
+        prompt_token_ids: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+        kv_transfer_params: Any = None
+        usage: Any = None
+
+    class _Choice(msgspec.Struct):
+        prompt_token_ids: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+
+    class _CompletionReply(msgspec.Struct):
+        choices: tuple[_Choice, ...] = ()
+        kv_transfer_params: Any = None
+        usage: Any = None
+
+    _REPLY = msgspec.json.Decoder(_Reply)
+    _COMPLETION_REPLY = msgspec.json.Decoder(_CompletionReply)
 
 
 def _constant(name: str) -> Any:
@@ -98,7 +131,7 @@ def dumps(body: Any) -> bytes:
     each)."""
     if USE_MSGSPEC:
         return _ENCODER.encode(body)
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=_default).encode()
 
 
 def _float_free(value: Any) -> bool:
@@ -145,3 +178,32 @@ def token_ids(value: Any) -> tuple[int, ...] | None:
     if set(map(type, value)) != {int} or min(value) < 0:
         return None
     return tuple(value)
+
+
+#: A prefill reply's ids (``None`` when absent or not token ids), KV parameters and usage.
+ReplyFields = tuple[TokenIds | None, Any, Any]
+
+
+def reply_fields(raw: bytes, *, in_choice: bool, what: str) -> ReplyFields | None:
+    """The fields of a worker's reply ``raw`` that a decode leg needs, its ids left as the
+    bytes they came in, with the ids at the top level or (``in_choice``) in the first
+    choice. ``None`` when the reply is JSON of another shape, or msgspec is not
+    installed: read it parsed then. Raises
+    [`MalformedRequest`][pd_policy.errors.MalformedRequest] naming ``what`` when it is not
+    JSON, as [`loads`][pd_policy_vllm.http.codec.loads] does."""
+    if not USE_MSGSPEC:
+        return None
+    reply: _Reply | _CompletionReply
+    try:
+        if in_choice:
+            reply = _COMPLETION_REPLY.decode(raw)
+            found = reply.choices[0].prompt_token_ids if reply.choices else None
+        else:
+            reply = _REPLY.decode(raw)
+            found = reply.prompt_token_ids
+    except msgspec.ValidationError:
+        return None
+    except (msgspec.DecodeError, UnicodeError) as exc:
+        raise MalformedRequest(f"{what} is not JSON: {exc}", param="body") from None
+    data = bytes(found) if found is not None else b""
+    return (TokenIds.read(data) if data else None), reply.kv_transfer_params, reply.usage

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -31,10 +31,11 @@ from pd_policy import (
     fold_cache_salt,
 )
 
-from .codec import token_ids
+from .codec import loads, reply_fields, token_ids
 from .media import without_media
 from .request import Route
 from .scale_out import Derender
+from .token_ids import TokenIds
 
 __all__ = ["Leg", "PrefillReply", "decode_body", "prefill_body", "read_prefill"]
 
@@ -76,12 +77,17 @@ def prefill_body(body: Mapping[str, Any], route: Route, handoff: KvHandoff) -> d
     return leg
 
 
+def _token_ids(ids: Iterable[int]) -> TokenIds:
+    return TokenIds.of(ids)
+
+
 @attrs.frozen(slots=True)
 class PrefillReply:
     """What a non-streaming prefill response says about the handoff."""
 
-    #: The prompt ids after the worker's processor expanded its media.
-    prompt_token_ids: tuple[int, ...]
+    #: The prompt ids after the worker's processor expanded its media (any sequence of
+    #: non-negative ints is taken; they are held as the JSON the decode leg sends).
+    prompt_token_ids: TokenIds = attrs.field(converter=_token_ids)
     #: The KV parameters the engine returned, or ``None``.
     kv_transfer_params: dict[str, Any] | None
     #: The response's ``usage`` object, as sent.
@@ -92,27 +98,43 @@ def _bad_reply(detail: str) -> WorkerStreamError:
     return WorkerStreamError("prefill", "", detail, http_status=502)
 
 
-def read_prefill(response: Mapping[str, Any], route: Route) -> PrefillReply:
-    """Read the prefill's response: ids from the top level (chat) or the first choice
-    (completions), ``kv_transfer_params`` from the top level.
-
-    Raises [`WorkerStreamError`][pd_policy.worker_errors.WorkerStreamError] (502, leg ``prefill``)
-    when it
-    has no prompt ids (a worker that ignores ``return_token_ids``) or they are
-    not token ids, or its KV parameters are not an object.
-    """
+def _parsed_fields(response: Any, route: Route) -> tuple[TokenIds | None, Any, Any]:
+    if not isinstance(response, Mapping):
+        return None, None, None
     source: Any = response
     if route is Route.COMPLETIONS:
         choices = response.get("choices")
         source = choices[0] if isinstance(choices, list) and choices else {}
-    ids = source.get("prompt_token_ids") if isinstance(source, Mapping) else None
-    expanded = token_ids(ids)
+    ids = token_ids(source.get("prompt_token_ids") if isinstance(source, Mapping) else None)
+    expanded = TokenIds.of(ids) if ids is not None else None
+    return expanded, response.get("kv_transfer_params"), response.get("usage")
+
+
+def read_prefill(response: Mapping[str, Any] | bytes, route: Route) -> PrefillReply:
+    """Read the prefill's response (parsed, or its bytes: then the ids are never parsed):
+    ids from the top level (chat) or the first choice (completions),
+    ``kv_transfer_params`` from the top level.
+
+    Raises [`WorkerStreamError`][pd_policy.worker_errors.WorkerStreamError] (502, leg
+    ``prefill``) when it is not JSON, has no prompt ids (a worker that ignores
+    ``return_token_ids``) or they are not token ids, or its KV parameters are not an
+    object.
+    """
+    if isinstance(response, bytes):
+        what = "the prefill response"
+        try:
+            fields = reply_fields(response, in_choice=route is Route.COMPLETIONS, what=what)
+            if fields is None:
+                fields = _parsed_fields(loads(response, what=what), route)
+        except MalformedRequest as exc:
+            raise _bad_reply(exc.message) from None
+    else:
+        fields = _parsed_fields(response, route)
+    expanded, params, usage = fields
     if expanded is None:
         raise _bad_reply("the prefill response has no prompt_token_ids (return_token_ids)")
-    params = response.get("kv_transfer_params")
     if params is not None and not isinstance(params, dict):
         raise _bad_reply("the prefill response's kv_transfer_params is not an object")
-    usage = response.get("usage")
     return PrefillReply(expanded, params, dict(usage) if isinstance(usage, Mapping) else {})
 
 
@@ -171,13 +193,13 @@ def decode_body(
         out.pop(option, None)
     if route is Route.COMPLETIONS:
         if ids is not None:
-            out["prompt"] = list(ids)
+            out["prompt"] = ids
         if params is not None:
             out["kv_transfer_params"] = params
         return Leg(route.value, out)
     out["messages"] = without_media(body)
     if ids is not None:
-        out["kv_transfer_params"] = {**(params or {}), "prompt_token_ids": list(ids)}
+        out["kv_transfer_params"] = {**(params or {}), "prompt_token_ids": ids}
     elif params is not None:
         out["kv_transfer_params"] = params
     return Leg(route.value, out)

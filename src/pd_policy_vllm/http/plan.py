@@ -245,12 +245,13 @@ def plan_encoded(plan: Plan[T], encode_response: Mapping[str, Any]) -> Plan[T]:
     return attrs.evolve(plan, prefill=prefill, encode=None, prefill_form=form)
 
 
-def decode_leg(plan: Plan[Any], prefill_response: Mapping[str, Any] | None) -> Leg:
-    """The decode leg, from the prefill's (non-streaming) response, ``None`` when no prefill
-    ran. Raises [`MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams] (502) for a
-    stripped image leg
-    the prefill handed nothing for, and a ``prefill_stream_error`` (502) for a response
-    that does not say what the leg needs, or whose ids are not the rendered ones."""
+def decode_leg(plan: Plan[Any], prefill_response: Mapping[str, Any] | bytes | None) -> Leg:
+    """The decode leg, from the prefill's (non-streaming) response (parsed, or its bytes),
+    ``None`` when no prefill ran. Raises
+    [`MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams] (502) for a
+    stripped image leg the prefill handed nothing for, and a ``prefill_stream_error`` (502)
+    for a response that does not say what the leg needs, or whose ids are not the rendered
+    ones."""
     if plan.render is not None or plan.encode is not None:
         raise ValueError("the plan waits for its render or its encoder")
     reply = None

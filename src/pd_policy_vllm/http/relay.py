@@ -73,11 +73,14 @@ async def post_json(
     body: Any,
     request_id: str,
     headers: Mapping[str, str] | None = None,
+    *,
+    parse: bool = True,
 ) -> Any:
-    """POST ``body`` (with ``headers``: the workers' key) and return the JSON answer.
+    """POST ``body`` (with ``headers``: the workers' key) and return the JSON answer, or
+    its bytes unparsed when not ``parse``.
     Raises ``WorkerFailedToStart`` for a worker that cannot be reached (503) or answers
     with an error (its status), and a ``WorkerStreamError`` (502) for a 200 that is not
-    JSON."""
+    JSON (when parsed)."""
     try:
         sent = _headers(request_id, headers, url)
         async with session.post(url, data=dumps(body), headers=sent) as r:
@@ -86,7 +89,7 @@ async def post_json(
             raw = await r.read()
     except aiohttp.ClientError as exc:
         raise unreachable(leg, exc) from exc
-    return _json(raw, leg, f"the {leg} response")
+    return _json(raw, leg, f"the {leg} response") if parse else raw
 
 
 def _json(raw: bytes, leg: str, what: str) -> Any:

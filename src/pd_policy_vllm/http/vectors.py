@@ -27,6 +27,7 @@ from pd_policy import (
     worker_from_json,
 )
 
+from . import codec
 from .plan import decode_leg, plan_rendered, plan_request
 from .request import Route
 
@@ -67,7 +68,8 @@ def run_case(case: Mapping[str, Any]) -> dict[str, Any]:
         leg = decode_leg(plan, case.get("prefill_response") if plan.prefill is not None else None)
     except PolicyError as exc:
         return {"status": exc.status, "error_code": exc.code, "error_param": exc.param}
-    decode: dict[str, Any] = {"route": leg.route, "body": leg.body}
+    # As the worker reads it: the forwarded ids are a JSON array on the wire.
+    decode: dict[str, Any] = {"route": leg.route, "body": codec.loads(codec.dumps(leg.body))}
     if leg.derender is not None:
         decode["derender"] = {"route": leg.derender.route, **leg.derender.template}
     return {
