@@ -19,6 +19,11 @@ PROMPT_IDS = list(range(1000, 5096))
 RECEIVED: list[int] = []
 
 
+def _compact(value: object) -> str:
+    # As vLLM's server writes its answers (Starlette's JSONResponse: no whitespace).
+    return json.dumps(value, separators=(",", ":"))
+
+
 async def prefill(request: web.Request) -> web.Response:
     await request.read()
     return web.json_response(
@@ -28,7 +33,8 @@ async def prefill(request: web.Request) -> web.Response:
             "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": "t"},
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}}],
             "usage": {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": 1},
-        }
+        },
+        dumps=_compact,
     )
 
 
@@ -45,7 +51,8 @@ async def decode(request: web.Request) -> web.Response:
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "a b c d"},
                          "finish_reason": "length", "token_ids": [1, 2, 3, 4, 5, 6, 7, 8]}],
             "usage": {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": 8},
-        }
+        },
+        dumps=_compact,
     )  # fmt: skip
 
 

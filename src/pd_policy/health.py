@@ -122,7 +122,8 @@ def leg_succeeded(state: HealthState) -> HealthState:
     """A leg succeeded on the worker: its failures in a row are forgotten."""
     if state.health is not Health.HEALTHY:
         return state  # an answer from before the ejection re-admits nothing
-    return HealthState(Health.HEALTHY)
+    fresh = HealthState(Health.HEALTHY)
+    return state if state == fresh else fresh
 
 
 def probe_failed(state: HealthState, policy: HealthPolicy, now: float) -> HealthState:

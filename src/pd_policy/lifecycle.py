@@ -75,6 +75,12 @@ class RequestLife:
         return self.stage in _FINAL
 
 
+def _at(life: RequestLife, stage: Stage) -> RequestLife:
+    # The constructor, not attrs.evolve: a request makes five transitions, and evolve
+    # reads the class's fields anew each time.
+    return RequestLife(stage, life.attempt, life.attempts, life.failed_on)
+
+
 def begin(life: RequestLife, leg: Stage) -> RequestLife:
     """The router starts ``leg`` (a render, encode, prefill or decode leg). Legs go in
     order, each at most once per attempt. Raises
@@ -84,21 +90,21 @@ def begin(life: RequestLife, leg: Stage) -> RequestLife:
     current = _LEGS.index(life.stage) if life.stage in _LEGS else -1
     if life.stage is not Stage.PLANNING and (current < 0 or _LEGS.index(leg) <= current):
         raise LifecycleError(f"cannot start {leg.value} while {life.stage.value}")
-    return attrs.evolve(life, stage=leg)
+    return _at(life, leg)
 
 
 def responding(life: RequestLife) -> RequestLife:
     """The status line goes to the client: from the decoding stage only."""
     if life.stage is not Stage.DECODING:
         raise LifecycleError(f"cannot answer the client while {life.stage.value}")
-    return attrs.evolve(life, stage=Stage.RESPONDING)
+    return _at(life, Stage.RESPONDING)
 
 
 def done(life: RequestLife) -> RequestLife:
     """The client has its whole answer."""
     if life.stage is not Stage.RESPONDING:
         raise LifecycleError(f"cannot be done while {life.stage.value}")
-    return attrs.evolve(life, stage=Stage.DONE)
+    return _at(life, Stage.DONE)
 
 
 def fail(life: RequestLife, error: PolicyError, worker: str | None = None) -> RequestLife:
@@ -117,4 +123,4 @@ def fail(life: RequestLife, error: PolicyError, worker: str | None = None) -> Re
     unseen = life.stage is not Stage.RESPONDING
     if error.retryable and unseen and life.attempt < life.attempts:
         return RequestLife(Stage.PLANNING, life.attempt + 1, life.attempts, failed_on)
-    return attrs.evolve(life, stage=Stage.FAILED, failed_on=failed_on)
+    return RequestLife(Stage.FAILED, life.attempt, life.attempts, failed_on)

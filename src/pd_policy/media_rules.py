@@ -125,7 +125,9 @@ def media_source(url: str, *, param: str) -> MediaSource:
     any other scheme, or no URL: vLLM refuses them too."""
     if not isinstance(url, str) or not url:
         raise MediaRefused("a media item needs a URL", param=param)
-    scheme = url.partition(":")[0].lower() if ":" in url else ""
+    # find and slice, not partition: partition copies the rest, a whole image for data:.
+    colon = url.find(":")
+    scheme = url[:colon].lower() if colon >= 0 else ""
     if scheme == "data":
         return MediaSource.INLINE
     if scheme in ("http", "https"):

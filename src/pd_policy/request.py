@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -35,8 +35,8 @@ class MediaRef:
     @property
     def scheme(self) -> str:
         """The URL scheme, lower-cased (``""`` when the URL has none)."""
-        head, sep, _ = self.url.partition(":")
-        return head.lower() if sep else ""
+        colon = self.url.find(":")  # not partition: it would copy the rest of the URL
+        return self.url[:colon].lower() if colon >= 0 else ""
 
 
 def _check_port(_inst: object, _attr: attrs.Attribute[int], value: int) -> None:
@@ -212,7 +212,10 @@ class Request:
         # Legs are built from subsets of an already validated request, so re-running
         # every converter (an O(len(input_ids)) scan) would only cost time.
         new = object.__new__(Request)
-        for field in attrs.fields(Request):
-            name = field.name
+        for name in _REQUEST_FIELDS:
             object.__setattr__(new, name, changes.get(name, getattr(self, name)))
         return new
+
+
+#: The request's field names, read once (``attrs.fields`` looks them up on each call).
+_REQUEST_FIELDS: Final = tuple(field.name for field in attrs.fields(Request))

@@ -140,3 +140,8 @@ def test_the_fallback_reads_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_completion_reply_is_read_from_its_first_choice() -> None:
     raw = b'{"choices": [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [9]}]}'
     assert read_prefill(raw, Route.COMPLETIONS).prompt_token_ids == (1, 2)
+
+
+def test_the_ids_are_sent_compact() -> None:
+    ids = TokenIds.read(b" [1, 22,\n 333 ] ")
+    assert ids is not None and ids.json == b"[1,22,333]" and len(ids) == 3

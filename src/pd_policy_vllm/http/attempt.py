@@ -87,7 +87,7 @@ class Attempt:
         started = time.monotonic()
         answer = await post_json(self.session, leg, url, body, request_id, self.headers,
                                  parse=parse)  # fmt: skip
-        self.metrics.legs.labels(leg).observe(time.monotonic() - started)
+        self.metrics.observe_leg(leg, time.monotonic() - started)
         return life, answer
 
     async def prepare(

@@ -287,7 +287,7 @@ class Proxy:
         self, route: str, form: str, outcome: str, choice: Choice | None, life: RequestLife,
         request_id: str, status: int, arrived: float,
     ) -> None:  # fmt: skip
-        self.metrics.requests.labels(route, form, outcome).inc()
+        self.metrics.count_request(route, form, outcome)
         self._log(request_id, route, choice, form, status, outcome, life.attempt, arrived)
 
     def _log(

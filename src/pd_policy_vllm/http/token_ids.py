@@ -7,7 +7,8 @@ kept as bytes, it is one pass over them. The check is exact: a syntactically val
 JSON value (``msgspec`` checked the syntax while reading the reply) that is ``[``,
 then only digits, commas and whitespace, then ``]``, with a digit in it, is a
 non-empty flat array of non-negative integers, and every such array is one. No
-other spelling (``-1``, ``1.0``, ``true``, a nested array) passes.
+other spelling (``-1``, ``1.0``, ``true``, a nested array) passes. The array is
+kept without its whitespace, so the decode leg is as compact as one written anew.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ from typing import Any, overload
 __all__ = ["TokenIds"]
 
 _WHITESPACE = b" \t\r\n"
-_ALLOWED = b"0123456789," + _WHITESPACE
+_DIGITS_AND_COMMAS = b"0123456789,"
+
+
+def _has_whitespace(raw: bytes) -> bool:
+    return any(c in raw for c in (b" ", b"\n", b"\t", b"\r"))
 
 
 class TokenIds(Sequence[int]):
@@ -44,13 +49,15 @@ class TokenIds(Sequence[int]):
     def read(cls, raw: bytes) -> TokenIds | None:
         """``raw`` (one syntactically valid JSON value) as token ids, or ``None`` when it is
         not a non-empty array of non-negative integers."""
-        raw = raw.strip(_WHITESPACE)
-        if len(raw) < 3 or raw[0] != ord("[") or raw[-1] != ord("]"):
+        # Whitespace never separates two digits in valid JSON: dropping it keeps every id
+        # and sends the decode leg the compact array.
+        # (vLLM writes compact JSON: the copy without whitespace is made only when needed.)
+        compact = raw.translate(None, _WHITESPACE) if _has_whitespace(raw) else raw
+        if len(compact) < 3 or compact[0] != ord("[") or compact[-1] != ord("]"):
             return None
-        inner = raw[1:-1]
-        if inner.translate(None, _ALLOWED) or not inner.strip(_WHITESPACE):
+        if compact[1:-1].translate(None, _DIGITS_AND_COMMAS):
             return None
-        return cls(raw)
+        return cls(compact)
 
     @classmethod
     def of(cls, ids: Iterable[int]) -> TokenIds:

@@ -54,6 +54,27 @@ class Metrics:
         self.ejections = Counter("pd_policy_ejections", "Members ejected",
                                  ["role", "worker"], registry=r)  # fmt: skip
 
+        # Children by label values: ``labels()`` takes a lock and checks the values on
+        # every call, and every request makes four. The label sets are few and bounded
+        # (legs, routes, forms, codes).
+        self._leg_children: dict[str, Histogram] = {}
+        self._request_children: dict[tuple[str, str, str], Counter] = {}
+
+    def observe_leg(self, leg: str, seconds: float) -> None:
+        """One leg's latency."""
+        child = self._leg_children.get(leg)
+        if child is None:
+            child = self._leg_children[leg] = self.legs.labels(leg)
+        child.observe(seconds)
+
+    def count_request(self, route: str, form: str, outcome: str) -> None:
+        """One request's end, by its route, decode form and outcome."""
+        key = (route, form, outcome)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(*key)
+        child.inc()
+
     def health_changed(self, member: Member, before: Health) -> None:
         """Follow a member's health (the fleet's ``on_change``)."""
         self.up.labels(member.role, member.name).set(1 if routable(member.health) else 0)
