@@ -23,7 +23,7 @@ import aiohttp
 import attrs
 from aiohttp import web
 from live_engines import BLOCK_SIZE
-from servers import Server, free_port
+from servers import ENGINE_ARGS, Server, free_port
 from tiny_models import TinyModel
 
 from pd_policy_vllm.http import HttpWorker
@@ -78,6 +78,7 @@ def vllm_server(
         "--max-model-len", "1024", "--max-num-seqs", "4",
         "--block-size", str(BLOCK_SIZE),
         "--kv-cache-memory-bytes", str(64 * 2**20),
+        *ENGINE_ARGS,
         *extra,
     ]  # fmt: skip
     argv += ["--language-model-only"] if language_model_only else []

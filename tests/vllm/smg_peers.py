@@ -18,7 +18,7 @@ from typing import Any, Final
 import attrs
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from live_engines import BLOCK_SIZE
-from servers import Server, free_port
+from servers import ENGINE_ARGS, Server, free_port
 from tiny_models import TinyModel
 
 import grpc
@@ -68,6 +68,7 @@ def servicer(
         "--max-model-len", "1024", "--max-num-seqs", "4",
         "--block-size", str(BLOCK_SIZE),
         "--kv-cache-memory-bytes", str(64 * 2**20),
+        *ENGINE_ARGS,
     ]  # fmt: skip
     if language_model_only:
         argv.append("--language-model-only")
