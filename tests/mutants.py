@@ -196,7 +196,7 @@ MUTANTS: Final = (
     Mutant(
         "media identity: the hash factors are left out",
         "pd_policy/media_identity.py",
-        "    for factor in attrs.astuple(inputs.factors):",
+        "    for factor in _factor_values(inputs.factors):",
         "    for factor in ():",
         ("tests/test_media_identity.py",),
     ),
@@ -250,6 +250,41 @@ MUTANTS: Final = (
         "                if check_media_url(url, rules, param=param) is not MediaSource.REMOTE:",
         '                if url.startswith("ftp"):',
         ("tests/http/test_http_pin.py",),
+    ),
+    Mutant(
+        "the byte reader refuses a ten-byte varint (a negative int32)",
+        "pd_policy_grpc/raw/protowire.py",
+        "    for i in range(pos, min(pos + 10, end)):",
+        "    for i in range(pos, min(pos + 9, end)):",
+        ("tests/grpc/test_raw_legs.py",),
+    ),
+    Mutant(
+        "the prefill's ids pass the byte check whatever they hold",
+        "pd_policy_vllm/http/token_ids.py",
+        "        if compact[1:-1].translate(None, _DIGITS_AND_COMMAS):",
+        "        if False:",
+        ("tests/http/test_http_token_ids.py",),
+    ),
+    Mutant(
+        "placement: a fleet that cannot serve the media is a retryable 503, not a 400",
+        "pd_policy/placement.py",
+        "    if listed and not prefills:",
+        "    if False:",
+        ("tests/test_placement.py",),
+    ),
+    Mutant(
+        "placement: the decode leaves out no worker an earlier attempt failed on",
+        "pd_policy/placement.py",
+        '    decode = roster.choose("decode", compatible, exclude=exclude)',
+        '    decode = roster.choose("decode", compatible)',
+        ("tests/test_placement.py",),
+    ),
+    Mutant(
+        "placement: after an encoder, any prefill (not a cache consumer) takes the leg",
+        "pd_policy/placement.py",
+        "    prefills = select_prefill_workers(request, listed, encoded=encoded)",
+        "    prefills = select_prefill_workers(request, listed, encoded=False)",
+        ("tests/test_placement.py",),
     ),
 )
 

@@ -22,6 +22,7 @@ from wire_messages import tensor_to_proto, to_proto
 __all__ = [
     "EXTRAS_ONLY",
     "EXTRAS_ONLY_GRID",
+    "NEGATIVE_VARINT",
     "ON_THE_WIRE_MM",
     "extras_only",
     "proto_cases",
@@ -34,6 +35,8 @@ __all__ = [
 EXTRAS_ONLY: Final = "case: extra batches without a primary batch"
 EXTRAS_ONLY_GRID: Final = "case: an M-RoPE grid in extra batches without a primary batch"
 ON_THE_WIRE_MM: Final = "reach: multimodal batches on the wire"
+NEGATIVE_VARINT: Final = "reach: a negative int32 at the top level (a ten-byte varint)"
+_ranks = st.sampled_from([3, 0, -1, -1, -(2**31), 2**31 - 1])
 
 
 def extras_only(msg: pb.GenerateRequest) -> None:
@@ -60,6 +63,14 @@ def wire_message(draw: st.DrawFn, request: Request) -> pb.GenerateRequest:
         reject()
     if draw(st.sampled_from([False, False, True])):
         extras_only(msg)
+    # Negative int32s are ten-byte varints on the wire (vLLM's "any rank" is -1): at the
+    # top level and in the sampling parameters. (Inside a batch the scrambler's decoys
+    # put them: a batch has no signed field that a valid request sets negative.)
+    msg.data_parallel_rank = draw(_ranks)
+    if draw(st.booleans()):
+        msg.sampling_params.seed = draw(_ranks)
+    if msg.data_parallel_rank < 0:
+        event(NEGATIVE_VARINT)
     return msg
 
 

@@ -5,7 +5,8 @@ sender may instead write fields in any order, split a singular submessage into
 occurrences that merge, write a scalar twice (the last wins), write a packed
 repeated scalar unpacked or in several runs, and add fields the reader does not
 know. [`scramble`][] does all of that, drawing its choices from a ``Random``, so
-a reader that assumes the canonical form breaks on its output.
+a reader that assumes the canonical form breaks on its output. Its varints include
+negative ones, which are ten bytes long on the wire.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _unknown(rng: random.Random) -> bytes:
     number = rng.choice(UNKNOWN_NUMBERS)
     wire_type = rng.choice([VARINT, LEN, I32, I64])
     value = {
-        VARINT: varint(rng.randrange(1 << 20)),
+        VARINT: varint(rng.choice([rng.randrange(1 << 20), -rng.randrange(1, 1 << 31)])),
         LEN: bytes(rng.randrange(256) for _ in range(rng.randrange(6))),
         I32: bytes(4),
         I64: bytes(8),
@@ -57,8 +58,11 @@ def _unknown(rng: random.Random) -> bytes:
     return _record(number, wire_type, value)
 
 
-def _decoy(wire_type: int) -> bytes:
-    return {VARINT: varint(7), LEN: b"decoy", I32: b"\x01\x00\x00\x00", I64: bytes(8)}[wire_type]
+def _decoy(wire_type: int, rng: random.Random) -> bytes:
+    # A varint decoy is as often a negative one, ten bytes long (a later value wins).
+    number = rng.choice([7, -1])
+    return {VARINT: varint(number), LEN: b"decoy", I32: b"\x01\x00\x00\x00",
+            I64: bytes(8)}[wire_type]  # fmt: skip
 
 
 def scramble(descriptor: Any, data: bytes, rng: random.Random, *, unknown: bool = True) -> bytes:
@@ -111,5 +115,5 @@ def _rewrite(
         runs = [values[:cut], values[cut:]]
         return [_record(field.number, LEN, b"".join(map(varint, run))) for run in runs if run]
     if not known.is_repeated and rng.random() < 0.3:
-        return [_record(field.number, field.wire_type, _decoy(field.wire_type)), whole]
+        return [_record(field.number, field.wire_type, _decoy(field.wire_type, rng)), whole]
     return [whole]

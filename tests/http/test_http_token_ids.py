@@ -52,13 +52,14 @@ def test_the_byte_check_is_the_parsed_check(drawn: tuple[Any, bytes]) -> None:
 
 
 def test_of_refuses_what_is_not_ids() -> None:
-    for bad in ([], [True], [-1], [1.0]):
+    bad_ones: list[list[Any]] = [[], [True], [-1], [1.0]]
+    for bad in bad_ones:
         with pytest.raises(ValueError, match="non-negative integers"):
             TokenIds.of(bad)
     assert TokenIds.of([3, 1]) == [3, 1] and TokenIds.of((3, 1)) == TokenIds.read(b"[3, 1]")
     assert hash(TokenIds.of([3, 1])) == hash(TokenIds.read(b"[3,1]"))
     with pytest.raises(AttributeError):
-        TokenIds.of([1]).json = b"[2]"  # type: ignore[misc]
+        TokenIds.of([1]).json = b"[2]"
 
 
 #: Replies of every shape: the fields the leg needs, right, wrong or missing, beside others.
