@@ -147,6 +147,8 @@ class FleetPd:
         self.router, self.timeout = router, timeout
         self.attempts, self.probe_timeout = attempts, probe_timeout
         self._pairs: dict[tuple[str, str], tuple[GrpcWorker, GrpcWorker, Pair]] = {}
+        #: Retired pairs' aclose, awaited by this router's.
+        self._closing: set[asyncio.Task[None]] = set()
 
     def add(self, role: str, worker: GrpcWorker, *, healthy: bool = True) -> Member:
         """Add ``worker`` as a ``role`` member, in service at once when ``healthy`` (it was
@@ -167,7 +169,10 @@ class FleetPd:
         no listed prefill can process its media, and
         [`NoWorkerAvailable`][pd_policy.errors.NoWorkerAvailable] (503, retryable)
         when the ones that could are all out of service."""
-        placed = place(self.roster, _view(request), capability=_capability, exclude=exclude)
+        return self._place(_view(request), exclude)
+
+    def _place(self, view: Request, exclude: Sequence[str]) -> tuple[Member, Member]:
+        placed = place(self.roster, view, capability=_capability, exclude=exclude)
         return placed.prefill, placed.decode
 
     def _pair(self, prefill: Member, decode: Member) -> Pair:
@@ -176,7 +181,9 @@ class FleetPd:
         if cached is not None and cached[0] is prefill.worker and cached[1] is decode.worker:
             return cached[2]
         # A member described anew gets a router of its own: its capability or handoff may
-        # have changed.
+        # have changed. Pairs of members gone or described anew are retired with it, so
+        # that a fleet whose workers come and go holds one router per live pair.
+        self._retire_stale()
         pair = self.router(
             prefill.worker.channel, [DecodeCandidate(decode.worker.capability,
                                                      decode.worker.channel)],
@@ -184,6 +191,15 @@ class FleetPd:
         )  # fmt: skip
         self._pairs[key] = (prefill.worker, decode.worker, pair)
         return pair
+
+    def _retire_stale(self) -> None:
+        current = {m.name: m.worker for m in self.roster}
+        for key, (p, d, pair) in list(self._pairs.items()):
+            if current.get(key[0]) is not p or current.get(key[1]) is not d:
+                del self._pairs[key]
+                task = asyncio.ensure_future(pair.aclose())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
 
     def _blame(self, error: PolicyError, prefill: Member, decode: Member) -> Member | None:
         member = {"prefill": prefill, "decode": decode}.get(getattr(error, "leg", ""))
@@ -197,17 +213,20 @@ class FleetPd:
         attempt's failure (see the module docs)."""
         if isinstance(request, bytes | bytearray | memoryview):
             request = read_request(bytes(request))
+        view = _view(request)
+        # n>1 runs no prefill (each sample decodes alone): its first leg is the decode.
+        first_leg = Stage.PREFILLING if view.n <= 1 else Stage.DECODING
         life = RequestLife(attempts=self.attempts)
         last: PolicyError | None = None
         while True:
             try:
-                prefill, decode = self.choose(request, exclude=life.failed_on)
+                prefill, decode = self._place(view, life.failed_on)
             except NoWorkerAvailable:
                 if last is None:
                     raise
                 # No other worker to try: the caller gets the failure that made it try.
                 raise last from None
-            life = begin(life, Stage.PREFILLING)
+            life = begin(life, first_leg)
             members = (prefill, decode)
             for member in members:
                 member.outstanding += 1
@@ -225,7 +244,9 @@ class FleetPd:
                         if life.stage is Stage.PLANNING:
                             continue
                         raise
-                    life = responding(begin(life, Stage.DECODING))
+                    if life.stage is not Stage.DECODING:
+                        life = begin(life, Stage.DECODING)
+                    life = responding(life)
                     if first is not None:
                         yield first
                     try:
@@ -273,5 +294,6 @@ class FleetPd:
         await asyncio.gather(*(probe(m) for m in self.roster))
 
     async def aclose(self) -> None:
-        """Wait for every pair's deferred decode aborts."""
-        await asyncio.gather(*(pair.aclose() for _, _, pair in self._pairs.values()))
+        """Wait for every pair's deferred decode aborts, retired pairs' included."""
+        await asyncio.gather(*(pair.aclose() for _, _, pair in self._pairs.values()),
+                             *list(self._closing))  # fmt: skip

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
+import attrs
 import pytest
 from engines import LanguageModelOnlyDecodeEngine, PrefillEngine, answer, serve_address
 from proto_strategies import to_proto
@@ -262,3 +263,32 @@ def test_with_no_other_worker_to_try_the_caller_gets_the_failure_that_made_it_tr
         assert len(ds[0].requests) == 1
 
     run(test, decodes=1)
+
+
+def test_a_pair_whose_member_left_or_was_described_anew_is_retired() -> None:
+    async def test(fleet: FleetPd, ps: list[PrefillEngine], ds: list[Decode], now: Clock) -> None:
+        for i in range(6):
+            await served(fleet, image(i, f"r{i}"))
+        pairs = set(fleet._pairs)
+        assert pairs and all(fleet.roster.named(n) for key in pairs for n in key)
+        gone = fleet.roster.of("decode")[0]
+        fleet.roster.remove(gone)
+        kept = fleet.roster.of("decode")[0]
+        fleet.roster.redescribe(kept, attrs.evolve(kept.worker))  # described anew
+        await served(fleet, image(99, "after"))
+        # Only the pair just used is left: the others named a member that left, or the
+        # worker the member was before it was described again.
+        assert len(fleet._pairs) == 1
+        ((p, d),) = fleet._pairs
+        assert d == kept.name and fleet._pairs[(p, d)][1] is kept.worker
+
+    run(test)
+
+
+def test_n_samples_decode_alone_with_no_prefill_leg() -> None:
+    async def test(fleet: FleetPd, ps: list[PrefillEngine], ds: list[Decode], now: Clock) -> None:
+        answers = await served(fleet, to_proto(text_request(n=2, request_id="two")))
+        assert answers and not any(p.requests for p in ps)  # each sample decodes alone
+        assert sum(len(d.requests) for d in ds) == 1
+
+    run(test)
