@@ -146,3 +146,19 @@ def test_a_completion_reply_is_read_from_its_first_choice() -> None:
 def test_the_ids_are_sent_compact() -> None:
     ids = TokenIds.read(b" [1, 22,\n 333 ] ")
     assert ids is not None and ids.json == b"[1,22,333]" and len(ids) == 3
+
+
+@pytest.mark.parametrize(
+    ("raw", "route"),
+    [
+        (b'{"prompt_token_ids": [1], "prompt_token_ids": [2, 3], "kv_transfer_params": {"a": 1},'
+         b' "kv_transfer_params": {"b": 2}}', Route.CHAT),
+        (b'{"choices": [{"prompt_token_ids": [1]}], "choices": [{"prompt_token_ids": [5, 6]}]}',
+         Route.COMPLETIONS),
+    ],
+)  # fmt: skip
+def test_a_key_written_twice_reads_as_parsing_reads_it(raw: bytes, route: Route) -> None:
+    # JSON leaves duplicate keys to the reader; the bytes path must pick what parsing picks
+    # (the last), or a worker's reply could mean two things.
+    assert read_prefill(raw, route) == read_prefill(json.loads(raw), route)
+    assert read_prefill(raw, route).prompt_token_ids in ((2, 3), (5, 6))
