@@ -46,7 +46,13 @@ _MEDIA_OPTIONS: Final = ("mm_processor_kwargs", "media_io_kwargs")
 @attrs.frozen(slots=True)
 class Leg:
     """An HTTP leg: the route to send it to, and its JSON body; for a leg whose output is
-    tokens (the metadata path), how to derender it for the client."""
+    tokens (the metadata path), how to derender it for the client.
+
+    A body that forwards the prefill's ids holds them as a
+    [`TokenIds`][pd_policy_vllm.http.token_ids.TokenIds] (a sequence equal to the list of
+    ids, kept as the bytes the worker sent): write the body with
+    [`dumps`][pd_policy_vllm.http.codec.dumps], which sends those bytes as they are, not
+    with ``json.dumps``, which does not know the type."""
 
     route: str
     body: dict[str, Any]
