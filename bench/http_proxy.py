@@ -60,10 +60,13 @@ def _body(image_bytes: int, **extra: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _process(*argv: str) -> Iterator[subprocess.Popen[bytes]]:
+def _process(
+    *argv: str, program: str = sys.executable, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    # Its own session: stopped with everything it started, by process group.
     process = subprocess.Popen(
-        [sys.executable, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        [program, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, env=env,
     )  # fmt: skip
     try:
         yield process

@@ -8,9 +8,10 @@ router's whole hop on messages and on bytes (``bench/byte_hop.py``) are measured
 skipped.
 
 Run: ``python bench/run.py [--quick] [--no-docs] [--no-proxy] [--no-grpc-load] [--no-byte-hop]
-[--no-media] [--no-balance] [--no-processes]``. The media identity bench
-(``bench/media_identity.py``), the fleet balance simulation (``bench/balance.py``) and the
-proxy at 1, 2 and 4 processes (``bench/proxy_processes.py``) run too.
+[--no-media] [--no-balance] [--no-processes] [--no-gateways]``. The media identity bench
+(``bench/media_identity.py``), the fleet balance simulation (``bench/balance.py``), the
+proxy at 1, 2 and 4 processes (``bench/proxy_processes.py``) and the routers beside SMG's
+gateway (``bench/gateways.py``) run too.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 import balance  # bench/, beside this script
 import byte_hop  # bench/, beside this script
+import gateways  # bench/, beside this script
 import google.protobuf
 import grpc_load  # bench/, beside this script
 import http_proxy  # bench/, beside this script
@@ -340,6 +342,9 @@ def main() -> int:
     parser.add_argument(
         "--no-processes", action="store_true", help="skip the proxy at 1, 2 and 4 processes"
     )
+    parser.add_argument(
+        "--no-gateways", action="store_true", help="skip the routers beside SMG's gateway"
+    )
     args = parser.parse_args()
     results = run(args.quick)
     if not args.no_proxy:
@@ -354,6 +359,8 @@ def main() -> int:
         results["balance"] = balance.measure(args.quick)
     if not args.no_processes and not args.no_proxy:
         results["proxy_processes"] = proxy_processes.measure(args.quick)
+    if not args.no_gateways:
+        results["gateways"] = gateways.measure(args.quick)
     (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     rendered = table(results)
     print(rendered)
@@ -376,6 +383,9 @@ def main() -> int:
     scaling = proxy_processes.table(forks) if forks is not None else None
     if scaling is not None:
         print("\n" + scaling)
+    routers = gateways.table(results["gateways"]) if "gateways" in results else None
+    if routers is not None:
+        print("\n" + routers)
     if not args.no_docs:
         doc = ROOT / "docs" / "performance.md"
         text = splice(doc.read_text(encoding="utf-8"), "performance", rendered)
@@ -391,6 +401,8 @@ def main() -> int:
             text = splice(text, balance.NAME, spread)
         if scaling is not None:
             text = splice(text, proxy_processes.NAME, scaling)
+        if routers is not None:
+            text = splice(text, gateways.NAME, routers)
         doc.write_text(text, encoding="utf-8")
     return 0
 
