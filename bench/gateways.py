@@ -12,7 +12,8 @@ media sizes (none, 100 KB, 4 MB). What each router does per request:
   back): take a tokenized ``GenerateRequest`` whose pixels are already preprocessed
   (that many bytes of ``pixel_values``), check it, decide, and send the sanitised
   prefill leg and a pixel-free decode leg to the same engines; the first on messages,
-  the second on bytes end to end;
+  the second on bytes end to end, and once more on worker channels with gRPC's
+  retries off;
 - *pd-policy-proxy* (HTTP front and back, ``bench/http_stubs.py``): takes the same chat
   request as SMG, hashes each image, decides, sends the prefill leg (the image as
   it came) and a pixel-free decode leg with the prefill's 4096 expanded ids.
@@ -59,7 +60,9 @@ ROOT: Final = HERE.parent
 SMG: Final = ROOT / ".venv-smg" / "bin" / "smg"
 IN_FLIGHT: Final = 64
 SIZES: Final = {"none": 0, "100KB": 100_000, "4MB": 4_000_000}
-ROUTERS: Final = ("SMG gateway", "SequentialPd", "SequentialPdBytes", "pd-policy-proxy")
+#: SequentialPdBytes on worker channels with gRPC's retries off (see bench/grpc_router.py).
+NO_RETRIES: Final = "SequentialPdBytes, no retries"
+ROUTERS: Final = ("SMG gateway", "SequentialPd", "SequentialPdBytes", NO_RETRIES, "pd-policy-proxy")
 _BYTES = "SequentialPdBytes ÷ SMG, CPU per request"
 _PROXY = "pd-policy-proxy ÷ SMG, CPU per request"
 TARGETS: Final = {
@@ -227,7 +230,7 @@ async def _quiet(call: Call) -> bool:
 
 async def _measure(model: Path, quick: bool) -> dict[str, Any]:
     ports = {name: _port() for name in ("prefill", "decode", "hp", "hd", "smg", "smg_metrics",
-                                        "messages", "bytes", "proxy")}  # fmt: skip
+                                        "messages", "bytes", "no_retries", "proxy")}  # fmt: skip
     engines = (f"127.0.0.1:{ports['prefill']}", f"127.0.0.1:{ports['decode']}")
     http_workers = (f"http://127.0.0.1:{ports['hp']}", f"http://127.0.0.1:{ports['hd']}")
     counts = {"none": 96, "100KB": 96, "4MB": 16} if quick else {"none": 640, "100KB": 640,
@@ -252,6 +255,9 @@ async def _measure(model: Path, quick: bool) -> dict[str, Any]:
                 str(HERE / "grpc_router.py"), str(ports["messages"]), *engines, "messages")).pid,
             "SequentialPdBytes": stack.enter_context(_process(
                 str(HERE / "grpc_router.py"), str(ports["bytes"]), *engines, "bytes")).pid,
+            NO_RETRIES: stack.enter_context(_process(
+                str(HERE / "grpc_router.py"), str(ports["no_retries"]), *engines, "bytes",
+                "no-retries")).pid,
             "pd-policy-proxy": stack.enter_context(_process(
                 "-m", "pd_policy_vllm.http.cli", "--prefill", http_workers[0], "--decode",
                 http_workers[1], "--port", str(ports["proxy"]), "--kv-mode", "nixl",
@@ -261,7 +267,8 @@ async def _measure(model: Path, quick: bool) -> dict[str, Any]:
                    ("grpc.max_receive_message_length", 2**30)]  # fmt: skip
         channels = {name: grpc.aio.insecure_channel(f"127.0.0.1:{ports[key]}", options=options)
                     for name, key in (("SequentialPd", "messages"),
-                                      ("SequentialPdBytes", "bytes"))}  # fmt: skip
+                                      ("SequentialPdBytes", "bytes"),
+                                      (NO_RETRIES, "no_retries"))}  # fmt: skip
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=300)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -276,6 +283,7 @@ async def _measure(model: Path, quick: bool) -> dict[str, Any]:
                     "SMG gateway": http_call(session, smg_url, chat),
                     "SequentialPd": grpc_call(channels["SequentialPd"], wire),
                     "SequentialPdBytes": grpc_call(channels["SequentialPdBytes"], wire),
+                    NO_RETRIES: grpc_call(channels[NO_RETRIES], wire),
                     "pd-policy-proxy": http_call(session, proxy_url, chat_body("m", size)),
                 }
 

@@ -1,6 +1,7 @@
 """A router process for the routers benchmark: SMG's vLLM gRPC service in front, P/D behind.
 
-Run: ``python bench/grpc_router.py PORT PREFILL DECODE {messages|bytes}``. Clients call
+Run: ``python bench/grpc_router.py PORT PREFILL DECODE {messages|bytes} [no-retries]``.
+Clients call
 its ``Generate`` as they would an engine's; each request goes through
 ``SequentialPd`` (``messages``: grpc parses the request into a message, the router
 builds message legs) or ``SequentialPdBytes`` (``bytes``: a generic handler with no
@@ -8,6 +9,11 @@ serializers hands the router the request's bytes and takes the decode's response
 bytes, so nothing is parsed that need not be), with a language-model-only decode
 worker and the NIXL handoff. A policy refusal ends the call with the status and
 message the error maps to.
+
+``no-retries`` opens the worker channels with ``grpc.enable_retries`` off. gRPC then
+keeps no copy of each message for a retry it would never make here (the router's
+fleet retries a failed leg on another worker itself; a leg that never left is then a
+503 to retry rather than a transparent retry).
 """
 
 from __future__ import annotations
@@ -64,9 +70,10 @@ def bytes_handler(pd: SequentialPdBytes) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(_SERVICE, {"Generate": handler})
 
 
-async def main(port: int, prefill: str, decode: str, kind: str) -> None:
-    prefill_channel = grpc.aio.insecure_channel(prefill, options=_OPTIONS)
-    decode_channel = grpc.aio.insecure_channel(decode, options=_OPTIONS)
+async def main(port: int, prefill: str, decode: str, kind: str, *, retries: bool) -> None:
+    options = _OPTIONS if retries else [*_OPTIONS, ("grpc.enable_retries", 0)]
+    prefill_channel = grpc.aio.insecure_channel(prefill, options=options)
+    decode_channel = grpc.aio.insecure_channel(decode, options=options)
     server = grpc.aio.server(options=_OPTIONS)
     pd: SequentialPd | SequentialPdBytes
     if kind == "messages":
@@ -88,4 +95,5 @@ async def main(port: int, prefill: str, decode: str, kind: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]))
+    retries = sys.argv[5:] != ["no-retries"]
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], retries=retries))

@@ -8,7 +8,10 @@ them with an ``aiohttp`` client. Per proxy, in one run:
   requests, a 64 KiB image);
 - requests per second, 16 at a time, and the proxy process's CPU per request, with
   a 64 KiB and a 1 MiB image, in rounds that alternate the proxies: each proxy is
-  one asyncio process, so one core;
+  one asyncio process, so one core. A third process takes part in these rounds, the
+  minimal proxy with a text-only decode leg (``one-copy``): what each proxy spends
+  beyond it is, for the minimal proxy, its second copy of the image, and for
+  pd-policy, the policy's work;
 - memory per in-flight request: the proxy's RSS with 200 requests held at the
   decode stub, less its RSS idle, per request;
 - bytes the decode stub received per request, with no image, a 64 KiB and a
@@ -39,6 +42,8 @@ HERE = Path(__file__).resolve().parent
 _JSON = {"Content-Type": "application/json"}
 TARGET_LATENCY = 1.2
 TARGET_THROUGHPUT = 1.0
+#: The minimal proxy with a text-only decode leg: one copy of the image, no policy.
+ONE_COPY = "one-copy forwarder"
 
 
 def _port() -> int:
@@ -158,7 +163,11 @@ async def _paired_throughput(
             rps = await _throughput(session, urls[name], body, seconds)
             figures[name] = (rps, (_cpu_seconds(pids[name]) - before) / (rps * seconds))
         per_round.append(figures)
-    ours, minimal = names
+    ours, minimal, one_copy = names
+
+    def excess(name: str) -> float:  # CPU ms per request over the one-copy forwarder's
+        return statistics.median(r[name][1] - r[one_copy][1] for r in per_round) * 1e3
+
     return {
         "requests_per_second": {n: statistics.median(r[n][0] for r in per_round) for n in names},
         "cpu_ms_per_request": {
@@ -166,6 +175,8 @@ async def _paired_throughput(
         },
         "rps_ratio": statistics.median(r[ours][0] / r[minimal][0] for r in per_round),
         "cpu_ratio": statistics.median(r[ours][1] / r[minimal][1] for r in per_round),
+        "policy_cpu_ms": excess(ours),
+        "second_copy_cpu_ms": excess(minimal),
     }
 
 
@@ -239,6 +250,13 @@ async def _measure(quick: bool) -> dict[str, Any]:
                 }
             proxy_urls = {name: urls[name] for name in proxies}
             pids = {name: p.pid for name, p in processes.items()}
+            one_copy_port = _port()
+            one_copy = stack.enter_context(_process(str(HERE / "minimal_proxy.py"),
+                                                    str(one_copy_port), prefill, decode,
+                                                    "one-copy"))  # fmt: skip
+            proxy_urls[ONE_COPY] = f"http://127.0.0.1:{one_copy_port}/v1/chat/completions"
+            pids[ONE_COPY] = one_copy.pid
+            await _ready(session, proxy_urls[ONE_COPY], body)
             rounds = 3 if quick else 5
             for label, size in (("64KiB", 64 * 1024), ("1MiB", 2**20)):
                 results[f"throughput_{label}"] = await _paired_throughput(
@@ -304,6 +322,21 @@ def table(results: dict[str, Any]) -> str:
             f"| {label.replace('KiB', ' KiB').replace('MiB', ' MiB')} | "
             f"{rps['pd-policy']:.0f} / {rps['minimal']:.0f} | {t['rps_ratio']:.2f} ({verdict}) | "
             f"{cpu['pd-policy']:.2f} / {cpu['minimal']:.2f} ms | {t['cpu_ratio']:.2f} |"
+        )
+    rows += [
+        "",
+        "| image | CPU per request of the one-copy forwarder | the minimal proxy's second "
+        "copy (minimal less it) | the policy's work (pd-policy less it) |",
+        "|---|---|---|---|",
+    ]
+    for label in ("64KiB", "1MiB"):
+        t = results.get(f"throughput_{label}")
+        if t is None or "policy_cpu_ms" not in t:
+            continue
+        rows.append(
+            f"| {label.replace('KiB', ' KiB').replace('MiB', ' MiB')} | "
+            f"{t['cpu_ms_per_request'][ONE_COPY]:.2f} ms | {t['second_copy_cpu_ms']:+.2f} ms | "
+            f"{t['policy_cpu_ms']:+.2f} ms |"
         )
     return "\n".join(rows)
 

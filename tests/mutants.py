@@ -87,8 +87,8 @@ MUTANTS: Final = (
     Mutant(
         "a hash-less batch kept as an empty identity",
         "pd_policy/legs.py",
-        "    if not batch.mm_hashes:\n        return None\n    return MultimodalBatch(",
-        "    return MultimodalBatch(",
+        "    if not batch.mm_hashes:\n        return None\n    return batch.hashes_only()",
+        "    return batch.hashes_only()",
         ("tests/test_properties.py",),
     ),
     Mutant(
@@ -285,6 +285,27 @@ MUTANTS: Final = (
         "    prefills = select_prefill_workers(request, listed, encoded=encoded)",
         "    prefills = select_prefill_workers(request, listed, encoded=False)",
         ("tests/test_placement.py",),
+    ),
+    Mutant(
+        "a stripped batch made without its checks forgets its modality",
+        "pd_policy/batch.py",
+        '        object.__setattr__(new, "modality", self.modality)\n',
+        "",
+        ("tests/test_properties.py",),
+    ),
+    Mutant(
+        "relayed KV parameters set without the constructor's check",
+        "pd_policy/handoff.py",
+        'changes["kv_transfer_params"] = kv_params_text(kv_transfer_params)',
+        'changes["kv_transfer_params"] = kv_transfer_params',
+        ("tests/test_properties.py",),
+    ),
+    Mutant(
+        "one routable worker: the first compatible one is taken instead",
+        "pd_policy/balance.py",
+        "        return up[0]",
+        "        return compatible[0]",
+        ("tests/test_balance.py", "tests/test_placement.py"),
     ),
 )
 

@@ -15,11 +15,13 @@ from pd_policy import (
     MROPE_GRID_KEYS,
     SALT_FOLD_PREFIX,
     DecodeForm,
+    MalformedRequest,
     MediaRefsOnLanguageModelOnlyDecode,
     MissingKvTransferParams,
     MissingMediaIdentity,
     Modality,
     MropeOnLanguageModelOnlyDecode,
+    MultimodalBatch,
     NSamplesOnLanguageModelOnlyDecode,
     PolicyError,
     Request,
@@ -161,6 +163,20 @@ def test_clone_without_mm_is_idempotent_and_keeps_hash_order(request: Request) -
     # Modality travels with each batch's hashes, in wire order.
     expected = [(b.modality, b.mm_hashes) for b in request.batches if b.mm_hashes]
     assert [(b.modality, b.mm_hashes) for b in once.batches] == expected
+
+
+@given(requests())
+def test_a_stripped_leg_equals_one_the_validating_constructors_make(request: Request) -> None:
+    # clone_without_mm skips the constructors' checks (its input passed them): the leg
+    # it makes must be the one they would make, field for field.
+    checked = tuple(
+        MultimodalBatch(modality=b.modality, mm_hashes=b.mm_hashes)
+        for b in request.batches
+        if b.mm_hashes
+    )
+    leg = clone_without_mm(request)
+    assert leg == request.derive(batches=checked, media_refs=())
+    assert all(b.is_hash_identity for b in leg.batches)
 
 
 @given(requests())
@@ -327,8 +343,20 @@ def test_kv_is_relayed_only_for_a_single_sample(
     leg = relay_kv(request, returned)
     if request.n <= 1:
         assert leg.kv_transfer_params_dict() == returned
+        # relay_kv sets the one field without the constructor: as the constructor would.
+        assert leg == request.derive(kv_transfer_params=returned)
     else:
         assert leg == request
+
+
+@given(requests(), st.sampled_from(["[1]", "not json", '{"a":1,"a":2}', 7, ["x"]]))
+def test_kv_that_is_not_a_json_object_is_refused_when_relayed(
+    request: Request, returned: object
+) -> None:
+    assume(request.n <= 1)
+    with pytest.raises(MalformedRequest) as caught:
+        relay_kv(request, returned)  # type: ignore[arg-type]
+    assert caught.value.param == "kv_transfer_params"
 
 
 @given(requests(), workers)

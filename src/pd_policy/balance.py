@@ -104,6 +104,8 @@ def choose(
     up = [w for w in compatible if w.routable]
     if not up:
         raise NoWorkerAvailable(role)
+    if len(up) == 1:  # every rule below takes it: skip the hashing
+        return up[0]
     if affinity is not None:
         total = sum(w.outstanding for w in up) + 1
         cap = math.ceil(bound * total / len(up))

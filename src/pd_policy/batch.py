@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 import attrs
 
@@ -167,7 +168,22 @@ class MultimodalBatch:
         """True when the batch carries pixels or any model-specific tensor."""
         return self.pixel_values is not None or bool(self.tensors)
 
+    def hashes_only(self) -> MultimodalBatch:
+        """This batch reduced to its modality and content hashes (every other field at its
+        default), made without running the constructor's checks again: both fields were
+        checked when this batch was made, and no other is set."""
+        new = object.__new__(MultimodalBatch)
+        for name, value in _DEFAULTS:
+            object.__setattr__(new, name, value)
+        object.__setattr__(new, "modality", self.modality)
+        object.__setattr__(new, "mm_hashes", self.mm_hashes)
+        return new
+
     @property
     def is_hash_identity(self) -> bool:
         """True when the batch holds nothing but hashes and a modality (a stripped batch)."""
         return self == MultimodalBatch(modality=self.modality, mm_hashes=self.mm_hashes)
+
+
+#: Every field's default, read once: a stripped batch sets them without the constructor.
+_DEFAULTS: Final = tuple((f.name, f.default) for f in attrs.fields(MultimodalBatch))

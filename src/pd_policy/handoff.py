@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .decision import DecodeForm
-from .errors import MissingKvTransferParams
-from .request import LegacyKvParams, Request
+from .errors import MalformedRequest, MissingKvTransferParams
+from .request import LegacyKvParams, Request, kv_params_text
 
 __all__ = ["check_kv_handoff", "ensure_kv_handoff", "relay_kv"]
 
@@ -28,10 +28,14 @@ def relay_kv(
         return leg
     changes: dict[str, Any] = {}
     if kv_transfer_params is not None:
-        changes["kv_transfer_params"] = kv_transfer_params
+        changes["kv_transfer_params"] = kv_params_text(kv_transfer_params)
     if kv_legacy is not None:
+        if not isinstance(kv_legacy, LegacyKvParams):
+            raise MalformedRequest("kv_legacy must be LegacyKvParams", param="kv_legacy")
         changes["kv_legacy"] = kv_legacy
-    return leg.derive(**changes)
+    # Only these fields change, each checked as the constructor checks it: the rest of
+    # the leg was validated when it was made.
+    return leg._derive_trusted(**changes)
 
 
 def ensure_kv_handoff(original: Request, form: DecodeForm, leg: Request) -> None:

@@ -30,7 +30,7 @@ def hash_identity(batch: MultimodalBatch) -> MultimodalBatch | None:
     """The batch reduced to its content hashes and modality; ``None`` if it has no hashes."""
     if not batch.mm_hashes:
         return None
-    return MultimodalBatch(modality=batch.modality, mm_hashes=batch.mm_hashes)
+    return batch.hashes_only()
 
 
 def clone_without_mm(request: Request) -> Request:

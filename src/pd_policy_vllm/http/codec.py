@@ -97,14 +97,14 @@ _STRICT: Callable[[str], Any] = json.JSONDecoder(
 ).decode
 
 
-def loads(raw: bytes | str, *, what: str = "the body") -> Any:
+def loads(raw: bytes | bytearray | str, *, what: str = "the body") -> Any:
     """Parse strict JSON. Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400,
     ``param``
     ``body``) naming ``what`` for anything else."""
     try:
         if USE_MSGSPEC:
             return _DECODER.decode(raw)
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        text = raw.decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
         value = _STRICT(text)
         _no_lone_surrogates(value)
         return value

@@ -43,6 +43,7 @@ from pd_policy import (
 from .aio import aiohttp, web
 from .attempt import Attempt
 from .auth import Keys, for_url
+from .body import read_body
 from .codec import loads
 from .fleet.admin import add_admin_routes
 from .fleet.members import Fleet, Member
@@ -59,6 +60,8 @@ from .workers import HttpWorker
 __all__ = ["REQUEST_ID_HEADER", "Proxy"]
 
 _SESSION: Final = web.AppKey("session", aiohttp.ClientSession)
+#: The largest client body taken (a 413 above): images inline, base64-encoded.
+MAX_BODY: Final = 256 * 2**20
 #: One line a request: its id, its members, its form and its outcome (JSON).
 requests_log: Final = logging.getLogger("pd_policy_vllm.http.requests")
 
@@ -120,7 +123,7 @@ class Proxy:
 
     def app(self) -> web.Application:
         """The ``aiohttp`` application; its client session (and prober) live as long as it."""
-        app = web.Application(client_max_size=256 * 2**20)
+        app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post(Route.CHAT.value, self._chat)
         app.router.add_post(Route.COMPLETIONS.value, self._completions)
         app.router.add_post(RESPONSES, self._responses)
@@ -215,7 +218,8 @@ class Proxy:
             return refused
         translate: Callable[[Leg, bool], Leg] | None = None
         try:
-            body = loads(await request.read())  # not an object: the plan refuses it
+            # Not an object: the plan refuses it.
+            body = loads(await read_body(request, MAX_BODY))
             stream = isinstance(body, dict) and bool(body.get("stream"))
             if served_as == RESPONSES:
                 translate = functools.partial(responses_decode_leg, body)

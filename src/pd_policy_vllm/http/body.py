@@ -1,0 +1,43 @@
+"""Reading a client's request body into one buffer of its declared length.
+
+``aiohttp``'s ``request.read()`` grows a ``bytearray`` chunk by chunk, then copies it
+into ``bytes``: for a body of several megabytes (a base64 image), that is about three
+copies of it, each into freshly faulted memory. A body that declares its length and
+is not compressed is read here into one buffer of that length instead: one copy. Any
+other body is read by ``request.read()``, with the server's size limit.
+"""
+
+from __future__ import annotations
+
+from pd_policy import MalformedRequest
+
+from .aio import web
+
+__all__ = ["read_body"]
+
+
+async def read_body(request: web.Request, limit: int) -> bytes | bytearray:
+    """The whole body of ``request``.
+
+    Raises ``HTTPRequestEntityTooLarge`` (413) for a body over ``limit`` bytes, as
+    ``aiohttp`` does, and [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400) for
+    a body that is not the length it declared.
+    """
+    length = request.content_length
+    if length is None or "Content-Encoding" in request.headers:
+        # Chunked, or decompressed by the server: its length is known only at its end.
+        return await request.read()
+    if length > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
+    buffer = bytearray(length)
+    view = memoryview(buffer)
+    filled = 0
+    while chunk := await request.content.readany():
+        end = filled + len(chunk)
+        if end > length:
+            raise MalformedRequest("the body is longer than its Content-Length", param="body")
+        view[filled:end] = chunk
+        filled = end
+    if filled != length:
+        raise MalformedRequest("the body is shorter than its Content-Length", param="body")
+    return buffer
