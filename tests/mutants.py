@@ -307,6 +307,20 @@ MUTANTS: Final = (
         "        return compatible[0]",
         ("tests/test_balance.py", "tests/test_placement.py"),
     ),
+    Mutant(
+        "the splice ends a string at an escaped quote",
+        "pd_policy_vllm/http/splice.py",
+        "        if slashes % 2 == 0:",
+        "        if True:",
+        ("tests/http/test_http_splice.py",),
+    ),
+    Mutant(
+        "the spliced prefill leg keeps the members it should drop",
+        "pd_policy_vllm/http/splice.py",
+        "        if key in drop:\n            continue\n",
+        "",
+        ("tests/http/test_http_splice.py",),
+    ),
 )
 
 

@@ -13,9 +13,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from pd_policy import KvConnectorMode, PrefillKv, Support, WorkerCapability
+from pd_policy import KvConnectorMode, PrefillKv, Support, WorkerCapability, plan_kv_handoff
 from pd_policy_vllm.http import HttpWorker
+from pd_policy_vllm.http.legs import prefill_body
 from pd_policy_vllm.http.proxy import Proxy
+from pd_policy_vllm.http.request import Route
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
@@ -158,3 +160,26 @@ def test_a_decode_that_drops_mid_stream_ends_the_stream_with_an_error_event() ->
     assert json.loads(events[0])["choices"][0]["delta"]["content"] == "a"
     assert json.loads(events[-2])["error"]["code"] == "decode_stream_error"
     assert events[-1] == "[DONE]"
+
+
+def test_the_prefill_leg_is_the_clients_bytes_with_only_the_changed_members_rewritten() -> None:
+    # Written as a client may write it (spaces, an escaped slash, the cap before the
+    # messages): the prefill must get the messages, image included, byte for byte, and
+    # a body that parses to the leg the policy builds by parsing.
+    image = "data:image/png;base64," + "iVBORw0KGgo/" * 300
+    messages = json.dumps(chat()["messages"]).replace("data:image/png;base64,AAAA", image)
+    messages = messages.replace("/", "\\/")  # JSON may escape a slash
+    raw = ('{"model": "m",  "max_tokens": 4, "stream": false, "messages": ' + messages
+           + ', "top_k": 3}').encode()  # fmt: skip
+    received: list[bytes] = []
+
+    async def prefill(request: web.Request) -> web.StreamResponse:
+        received.append(await request.read())
+        return await good_prefill()(request)
+
+    status, _, _, seen = run(prefill, decode_ok, raw)
+    assert (status, seen) == (200, ["prefill", "decode"])
+    (leg,) = received
+    assert messages.encode() in leg  # the client's bytes, not the body written again
+    handoff = plan_kv_handoff(PrefillKv(KvConnectorMode.NIXL), n=1)
+    assert json.loads(leg) == prefill_body(json.loads(raw), Route.CHAT, handoff)

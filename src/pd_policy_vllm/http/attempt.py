@@ -20,7 +20,7 @@ from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.fleet.members import Member
 from pd_policy_vllm.http.fleet.metrics import Metrics
 from pd_policy_vllm.http.fleet.routing import Choice, decode_capability
-from pd_policy_vllm.http.legs import Leg
+from pd_policy_vllm.http.legs import Leg, prefill_bytes
 from pd_policy_vllm.http.pin import RemoteMedia, pin_remote_media, refuse_remote_media
 from pd_policy_vllm.http.plan import (
     STRIPPED,
@@ -93,8 +93,14 @@ class Attempt:
     async def prepare(
         self, life: RequestLife, body: Any, route: Route, request_id: str, choice: Choice,
         translate: Callable[[Leg, bool], Leg] | None = None,
+        raw: bytes | bytearray | None = None,
     ) -> Prepared:  # fmt: skip
         """Run the legs before decode on ``choice``; the decode leg to send.
+
+        ``raw`` is the client's bytes that ``body`` was parsed from, when it was: a prefill
+        leg of ``body`` itself is then those bytes with only the members it changes
+        rewritten ([`prefill_bytes`][pd_policy_vllm.http.legs.prefill_bytes]), not the
+        body written again.
 
         ``translate`` makes the decode leg of another API from the chat leg planned for
         ``body`` (its chat equivalent: the Responses API), and whether that leg was
@@ -139,9 +145,14 @@ class Attempt:
             plan = plan_encoded(plan, answer)
         response = None
         if plan.prefill is not None:
+            leg_body: Any = plan.prefill
+            if raw is not None and plan.body is body and plan.prefill_route == route.value:
+                # The client's own body (not pinned, rendered or translated): spliced.
+                spliced = prefill_bytes(raw, body, route, plan.handoff)
+                leg_body = spliced if spliced is not None else plan.prefill
             # Unparsed: the decode leg reads only what it needs, the ids as bytes.
             life, response = await self._post(life, Stage.PREFILLING, "prefill",
-                                              prefill.worker.url + plan.prefill_route, plan.prefill,
+                                              prefill.worker.url + plan.prefill_route, leg_body,
                                               request_id, parse=False)  # fmt: skip
         to_decode = decode_leg(plan, response)
         if translate is not None:

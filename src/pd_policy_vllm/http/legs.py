@@ -35,9 +35,10 @@ from .codec import loads, reply_fields, token_ids
 from .media import without_media
 from .request import Route
 from .scale_out import Derender
+from .splice import members, splice
 from .token_ids import TokenIds
 
-__all__ = ["Leg", "PrefillReply", "decode_body", "prefill_body", "read_prefill"]
+__all__ = ["Leg", "PrefillReply", "decode_body", "prefill_body", "prefill_bytes", "read_prefill"]
 
 #: A request's own media processing options: a leg without media carries neither.
 _MEDIA_OPTIONS: Final = ("mm_processor_kwargs", "media_io_kwargs")
@@ -59,28 +60,49 @@ class Leg:
     derender: Derender | None = None
 
 
+def _prefill_changes(
+    body: Mapping[str, Any], route: Route, handoff: KvHandoff
+) -> tuple[dict[str, Any], frozenset[str]]:
+    # The members the prefill leg sets and the ones it drops, in the order it sets them.
+    if not handoff.runs_prefill:
+        raise ValueError("this handoff runs no prefill leg (n>1: decode runs alone)")
+    changes: dict[str, Any] = {"stream": False}
+    drop = {"stream_options", "min_tokens"}
+    if "n" in body:
+        changes["n"] = 1
+    if route is Route.CHAT and "max_completion_tokens" in body:
+        changes["max_completion_tokens"] = 1
+        drop.add("max_tokens")
+    else:
+        changes["max_tokens"] = 1
+    changes["return_token_ids"] = True
+    if handoff.prefill_params is not None:
+        changes["kv_transfer_params"] = json.loads(handoff.prefill_params)
+    return changes, frozenset(drop)
+
+
 def prefill_body(body: Mapping[str, Any], route: Route, handoff: KvHandoff) -> dict[str, Any]:
     """The prefill leg's body (a new dict; ``body`` is not changed).
 
     Raises ``ValueError`` for a handoff that runs no prefill (n>1).
     """
-    if not handoff.runs_prefill:
-        raise ValueError("this handoff runs no prefill leg (n>1: decode runs alone)")
-    leg = dict(body)
-    leg["stream"] = False
-    leg.pop("stream_options", None)
-    if "n" in leg:
-        leg["n"] = 1
-    leg.pop("min_tokens", None)
-    if route is Route.CHAT and "max_completion_tokens" in leg:
-        leg["max_completion_tokens"] = 1
-        leg.pop("max_tokens", None)
-    else:
-        leg["max_tokens"] = 1
-    leg["return_token_ids"] = True
-    if handoff.prefill_params is not None:
-        leg["kv_transfer_params"] = json.loads(handoff.prefill_params)
+    changes, drop = _prefill_changes(body, route, handoff)
+    leg = {key: value for key, value in body.items() if key not in drop}
+    leg.update(changes)
     return leg
+
+
+def prefill_bytes(
+    raw: bytes | bytearray, body: Mapping[str, Any], route: Route, handoff: KvHandoff
+) -> bytes | None:
+    """[`prefill_body`][pd_policy_vllm.http.legs.prefill_body] of ``body`` written as
+    ``raw`` (the client's bytes that parse to it) with only the members it changes
+    rewritten ([`splice`][pd_policy_vllm.http.splice.splice]): every other byte, the media
+    included, as the client sent it. ``None`` when ``raw`` is not an object the splice
+    can read; write ``prefill_body`` then. Raises as ``prefill_body`` does."""
+    changes, drop = _prefill_changes(body, route, handoff)
+    found = members(raw)
+    return splice(raw, found, changes, drop) if found is not None else None
 
 
 def _token_ids(ids: Iterable[int]) -> TokenIds:

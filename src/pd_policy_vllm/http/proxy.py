@@ -218,12 +218,14 @@ class Proxy:
             return refused
         translate: Callable[[Leg, bool], Leg] | None = None
         try:
-            # Not an object: the plan refuses it.
-            body = loads(await read_body(request, MAX_BODY))
+            raw: bytes | bytearray | None = await read_body(request, MAX_BODY)
+            assert raw is not None
+            body = loads(raw)  # not an object: the plan refuses it
             stream = isinstance(body, dict) and bool(body.get("stream"))
             if served_as == RESPONSES:
                 translate = functools.partial(responses_decode_leg, body)
                 body = chat_equivalent(body)
+                raw = None  # the body planned is not the client's
         except PolicyError as exc:
             self._log(request_id, path, None, None, exc.status, exc.code, 1, arrived)
             return error_response(exc)
@@ -241,7 +243,7 @@ class Proxy:
                     member.outstanding += 1
                 try:
                     prepared = await attempt.prepare(life, body, route, request_id, choice,
-                                                     translate)  # fmt: skip
+                                                     translate, raw)  # fmt: skip
                     form = prepared.plan.form.value
                     life = prepared.life
                     relayed = await relay_decode(

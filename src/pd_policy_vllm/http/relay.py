@@ -76,14 +76,16 @@ async def post_json(
     *,
     parse: bool = True,
 ) -> Any:
-    """POST ``body`` (with ``headers``: the workers' key) and return the JSON answer, or
-    its bytes unparsed when not ``parse``.
+    """POST ``body`` (with ``headers``: the workers' key; ``bytes`` are sent as they are,
+    anything else is written as JSON) and return the JSON answer, or its bytes unparsed
+    when not ``parse``.
     Raises ``WorkerFailedToStart`` for a worker that cannot be reached (503) or answers
     with an error (its status), and a ``WorkerStreamError`` (502) for a 200 that is not
     JSON (when parsed)."""
     try:
         sent = _headers(request_id, headers, url)
-        async with session.post(url, data=dumps(body), headers=sent) as r:
+        data = body if isinstance(body, bytes) else dumps(body)
+        async with session.post(url, data=data, headers=sent) as r:
             if r.status != 200:
                 raise await _worker_error(leg, r)
             raw = await r.read()

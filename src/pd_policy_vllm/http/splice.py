@@ -1,0 +1,139 @@
+"""Rewriting top-level members of a JSON object's bytes, leaving every other byte as sent.
+
+A prefill leg is the client's body with a few top-level members set or dropped
+(``stream``, the output cap, the handoff's tag). Parsed and written again, the body's
+media (a base64 image is most of it) is decoded into a Python string and encoded
+back, each a pass over it and a copy. Spliced, the leg is the client's bytes with
+only those members' values replaced: one copy, and no byte of the media read.
+
+The splice is exact for a body that is strict JSON (the proxy parsed it first, and
+refuses a key written twice): a member's value is the span from after its colon to
+the comma or brace that ends it, found by skipping strings (to the next quote that
+no odd run of backslashes escapes) and counting brackets outside them. A body that
+is not an object of that shape gets ``None``: build the leg by parsing then.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Set
+from typing import Any, Final
+
+from .codec import dumps
+
+__all__ = ["Member", "members", "splice"]
+
+_WHITESPACE: Final = b" \t\r\n"
+#: Inside an array or object: the next byte that opens or closes one, or a string.
+_STRUCTURE: Final = re.compile(rb'["{}\[\]]')
+#: A scalar (number, true, false, null) runs to the next delimiter.
+_SCALAR_END: Final = re.compile(rb"[,}\]\s]")
+
+#: One top-level member: its key, where its key starts, where its value starts and ends.
+Member = tuple[str, int, int, int]
+
+
+def _skip(raw: bytes | bytearray, at: int) -> int:
+    while at < len(raw) and raw[at] in _WHITESPACE:
+        at += 1
+    return at
+
+
+def _string_end(raw: bytes | bytearray, at: int) -> int:
+    """One past the string whose opening quote is at ``at``."""
+    at += 1
+    while True:
+        quote = raw.find(b'"', at)
+        if quote < 0:
+            raise ValueError("unterminated string")
+        slashes = 0
+        while raw[quote - 1 - slashes] == 0x5C:  # backslash
+            slashes += 1
+        if slashes % 2 == 0:
+            return quote + 1
+        at = quote + 1
+
+
+def _value_end(raw: bytes | bytearray, at: int) -> int:
+    """One past the value starting at ``at``."""
+    first = raw[at]
+    if first == 0x22:  # "
+        return _string_end(raw, at)
+    if first not in b"{[":
+        found = _SCALAR_END.search(raw, at)
+        return found.start() if found is not None else len(raw)
+    depth, at = 1, at + 1
+    while depth:
+        found = _STRUCTURE.search(raw, at)
+        if found is None:
+            raise ValueError("unterminated array or object")
+        byte = raw[found.start()]
+        if byte == 0x22:
+            at = _string_end(raw, found.start())
+            continue
+        depth += 1 if byte in b"{[" else -1
+        at = found.start() + 1
+    return at
+
+
+def members(raw: bytes | bytearray) -> list[Member] | None:
+    """The top-level members of the JSON object ``raw``, in order; ``None`` when ``raw``
+    is not one (or not JSON)."""
+    try:
+        at = _skip(raw, 0)
+        if at >= len(raw) or raw[at] != 0x7B:  # {
+            return None
+        out: list[Member] = []
+        at = _skip(raw, at + 1)
+        if at < len(raw) and raw[at] == 0x7D and _skip(raw, at + 1) == len(raw):
+            return out
+        while True:
+            if raw[at] != 0x22:
+                return None
+            key_end = _string_end(raw, at)
+            key = json.loads(raw[at:key_end])
+            colon = _skip(raw, key_end)
+            if raw[colon] != 0x3A:  # :
+                return None
+            start = _skip(raw, colon + 1)
+            end = _value_end(raw, start)
+            out.append((key, at, start, end))
+            after = _skip(raw, end)
+            if raw[after] == 0x7D:  # }
+                return out if _skip(raw, after + 1) == len(raw) else None
+            if raw[after] != 0x2C:  # ,
+                return None
+            at = _skip(raw, after + 1)
+    except (IndexError, ValueError):
+        return None
+
+
+def splice(
+    raw: bytes | bytearray,
+    found: list[Member],
+    changes: Mapping[str, Any],
+    drop: Set[str] = frozenset(),
+) -> bytes:
+    """``raw`` (the object whose ``members`` are ``found``) with each member named in
+    ``changes`` given its new value (written with [`dumps`][pd_policy_vllm.http.codec.dumps]),
+    those in ``drop`` left out, and the changes to absent members appended in order:
+    the members a dict of ``raw`` would have after the same assignments and pops."""
+    view = memoryview(raw)
+    parts: list[bytes | memoryview] = []
+    for key, key_start, start, end in found:
+        if key in drop:
+            continue
+        if key in changes:
+            parts.append(view[key_start:start])
+            parts.append(dumps(changes[key]))
+        else:
+            parts.append(view[key_start:end])
+        parts.append(b",")
+    present = {key for key, *_ in found}
+    for key, value in changes.items():
+        if key not in present:
+            parts += [dumps(key), b":", dumps(value), b","]
+    if parts:
+        parts.pop()
+    return b"".join([b"{", *parts, b"}"])
