@@ -92,7 +92,9 @@ def members(raw: bytes | bytearray) -> list[Member] | None:
             if raw[at] != 0x22:
                 return None
             key_end = _string_end(raw, at)
-            key = json.loads(raw[at:key_end])
+            text = raw[at + 1 : key_end - 1]
+            # A key without escapes is its own UTF-8 (the parse checked it is valid).
+            key = json.loads(raw[at:key_end]) if 0x5C in text else text.decode()
             colon = _skip(raw, key_end)
             if raw[colon] != 0x3A:  # :
                 return None
