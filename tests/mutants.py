@@ -321,6 +321,13 @@ MUTANTS: Final = (
         "",
         ("tests/http/test_http_splice.py",),
     ),
+    Mutant(
+        "a Responses API request's bytes spliced as if they were its chat equivalent",
+        "pd_policy_vllm/http/attempt.py",
+        "            ours = translate is None and plan.body is body",
+        "            ours = plan.body is body",
+        ("tests/http/test_http_proxy_faults.py",),
+    ),
 )
 
 

@@ -52,8 +52,9 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
 
 
 async def _through_proxy(
-    prefill: Handler, decode: Handler, body: bytes, seen: list[str]
-) -> tuple[int, dict[str, str], bytes]:
+    prefill: Handler, decode: Handler, body: bytes, seen: list[str],
+    path: str = "/v1/chat/completions",
+) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
     """Serve the stand-ins and a proxy in front of them, send ``body``, return the answer."""
     runners = []
     try:
@@ -66,6 +67,7 @@ async def _through_proxy(
 
             app = web.Application()
             app.router.add_post("/v1/chat/completions", recorded)
+            app.router.add_post("/v1/responses", recorded)
             runner, url = await _serve(app)
             runners.append(runner)
             urls.append(url)
@@ -78,7 +80,7 @@ async def _through_proxy(
         runners.append(runner)
         async with (
             aiohttp.ClientSession() as session,
-            session.post(f"{url}/v1/chat/completions", data=body) as response,
+            session.post(f"{url}{path}", data=body) as response,
         ):
             return response.status, dict(response.headers), await response.read()
     finally:
@@ -87,11 +89,11 @@ async def _through_proxy(
 
 
 def run(
-    prefill: Handler, decode: Handler, body: Any
+    prefill: Handler, decode: Handler, body: Any, path: str = "/v1/chat/completions"
 ) -> tuple[int, dict[str, str], bytes, list[str]]:
     seen: list[str] = []
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    status, headers, answer = asyncio.run(_through_proxy(prefill, decode, raw, seen))
+    status, headers, answer = asyncio.run(_through_proxy(prefill, decode, raw, seen, path))
     return status, headers, answer, seen
 
 
@@ -183,3 +185,21 @@ def test_the_prefill_leg_is_the_clients_bytes_with_only_the_changed_members_rewr
     assert messages.encode() in leg  # the client's bytes, not the body written again
     handoff = plan_kv_handoff(PrefillKv(KvConnectorMode.NIXL), n=1)
     assert json.loads(leg) == prefill_body(json.loads(raw), Route.CHAT, handoff)
+
+
+def test_a_responses_request_prefills_its_chat_equivalent_written_anew() -> None:
+    # Its body is not the chat body planned: the client's bytes must not be spliced.
+    body = {"model": "m", "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "what is it?"},
+        {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}],
+        "max_output_tokens": 4}  # fmt: skip
+    received: list[bytes] = []
+
+    async def prefill(request: web.Request) -> web.StreamResponse:
+        received.append(await request.read())
+        return await good_prefill()(request)
+
+    status, _, _, seen = run(prefill, decode_ok, body, path="/v1/responses")
+    assert seen[0] == "prefill"
+    leg = json.loads(received[0])
+    assert "messages" in leg and "input" not in leg

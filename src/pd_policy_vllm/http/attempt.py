@@ -97,10 +97,11 @@ class Attempt:
     ) -> Prepared:  # fmt: skip
         """Run the legs before decode on ``choice``; the decode leg to send.
 
-        ``raw`` is the client's bytes that ``body`` was parsed from, when it was: a prefill
-        leg of ``body`` itself is then those bytes with only the members it changes
-        rewritten ([`prefill_bytes`][pd_policy_vllm.http.legs.prefill_bytes]), not the
-        body written again.
+        ``raw`` is the client's bytes: when ``body`` was parsed from them (no
+        ``translate``), a prefill leg of ``body`` itself is those bytes with only the
+        members it changes rewritten
+        ([`prefill_bytes`][pd_policy_vllm.http.legs.prefill_bytes]), not the body written
+        again.
 
         ``translate`` makes the decode leg of another API from the chat leg planned for
         ``body`` (its chat equivalent: the Responses API), and whether that leg was
@@ -146,7 +147,8 @@ class Attempt:
         response = None
         if plan.prefill is not None:
             leg_body: Any = plan.prefill
-            if raw is not None and plan.body is body and plan.prefill_route == route.value:
+            ours = translate is None and plan.body is body
+            if raw is not None and ours and plan.prefill_route == route.value:
                 # The client's own body (not pinned, rendered or translated): spliced.
                 spliced = prefill_bytes(raw, body, route, plan.handoff)
                 leg_body = spliced if spliced is not None else plan.prefill

@@ -9,11 +9,16 @@ other body is read by ``request.read()``, with the server's size limit.
 
 from __future__ import annotations
 
+from typing import Final
+
 from pd_policy import MalformedRequest
 
 from .aio import web
 
-__all__ = ["read_body"]
+__all__ = ["MAX_BODY", "read_body"]
+
+#: The largest client body the proxy takes (a 413 above): images inline, base64-encoded.
+MAX_BODY: Final = 256 * 2**20
 
 
 async def read_body(request: web.Request, limit: int) -> bytes | bytearray:

@@ -43,7 +43,7 @@ from pd_policy import (
 from .aio import aiohttp, web
 from .attempt import Attempt
 from .auth import Keys, for_url
-from .body import read_body
+from .body import MAX_BODY, read_body
 from .codec import loads
 from .fleet.admin import add_admin_routes
 from .fleet.members import Fleet, Member
@@ -60,8 +60,6 @@ from .workers import HttpWorker
 __all__ = ["REQUEST_ID_HEADER", "Proxy"]
 
 _SESSION: Final = web.AppKey("session", aiohttp.ClientSession)
-#: The largest client body taken (a 413 above): images inline, base64-encoded.
-MAX_BODY: Final = 256 * 2**20
 #: One line a request: its id, its members, its form and its outcome (JSON).
 requests_log: Final = logging.getLogger("pd_policy_vllm.http.requests")
 
@@ -218,14 +216,12 @@ class Proxy:
             return refused
         translate: Callable[[Leg, bool], Leg] | None = None
         try:
-            raw: bytes | bytearray | None = await read_body(request, MAX_BODY)
-            assert raw is not None
+            raw = await read_body(request, MAX_BODY)
             body = loads(raw)  # not an object: the plan refuses it
             stream = isinstance(body, dict) and bool(body.get("stream"))
             if served_as == RESPONSES:
                 translate = functools.partial(responses_decode_leg, body)
                 body = chat_equivalent(body)
-                raw = None  # the body planned is not the client's
         except PolicyError as exc:
             self._log(request_id, path, None, None, exc.status, exc.code, 1, arrived)
             return error_response(exc)
