@@ -199,7 +199,7 @@ def test_a_responses_request_prefills_its_chat_equivalent_written_anew() -> None
         received.append(await request.read())
         return await good_prefill()(request)
 
-    status, _, _, seen = run(prefill, decode_ok, body, path="/v1/responses")
+    _, _, _, seen = run(prefill, decode_ok, body, path="/v1/responses")
     assert seen[0] == "prefill"
     leg = json.loads(received[0])
     assert "messages" in leg and "input" not in leg
