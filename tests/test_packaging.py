@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("pd_policy", "pd_policy_grpc", "pd_policy_vllm")
-HINTS = {extra: f"pip install 'pd-policy[{extra}]'" for extra in ("grpc", "http", "vllm")}
+PACKAGES = ("pd_policy", "pd_policy_grpc", "pd_policy_vllm", "pd_policy_ray")
+HINTS = {extra: f"pip install 'pd-policy[{extra}]'" for extra in ("grpc", "http", "vllm", "ray")}
 # The sdist holds what builds the wheel and nothing else (no tests: see MANIFEST.in).
 SDIST_TOP = {"LICENSE", "MANIFEST.in", "PKG-INFO", "README.md", "pyproject.toml", "setup.cfg"}
 # Not copied for the build: version control, caches, venvs and build output.
@@ -223,6 +223,9 @@ pd_policy_vllm.decode_inputs(text_request(), Sampling(), language_model_only=Fal
         (("aiohttp",), "import pd_policy_vllm.http.cli", "http"),
         (("vllm",), "import pd_policy_vllm as v; v.supported_modalities(None)", "vllm"),
         (("vllm",), _DECODE_INPUTS, "vllm"),
+        (("ray",), "import pd_policy_ray.builder", "ray"),
+        (("ray",), "import pd_policy_ray.server", "ray"),
+        (("ray",), "from pd_policy_ray import build_pd_policy_app", "ray"),
     ],
 )
 def test_a_missing_extra_names_itself(blocked: tuple[str, ...], statement: str, extra: str) -> None:
@@ -243,6 +246,8 @@ def test_a_missing_extra_names_itself(blocked: tuple[str, ...], statement: str, 
         ),
         # Only the functions that call vLLM need it; the probe reads its absence as a fact.
         (("vllm", "torch"), "import pd_policy_vllm as v; assert v.modality_limits(None) is None"),
+        # The Ray adapter's shaping and error mapping need no Ray.
+        (("ray",), "from pd_policy_ray import legs, errors, capability, RAY_VERSION"),
     ],
 )
 def test_what_needs_no_extra_imports_without_it(blocked: tuple[str, ...], statement: str) -> None:

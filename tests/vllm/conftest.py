@@ -22,6 +22,7 @@ from fleets import Fleets
 from http_fleets import HttpFleet, PdFleet, http_fleet, pd_fleet
 from live_engines import BLOCK_SIZE, connector, start_engine
 from pool_fleet import Pool, pool_fleet
+from ray_fleet import RayFleet, ray_fleet
 from tiny_audio import build_qwen2audio
 from tiny_models import BUILDERS, TinyModel
 
@@ -254,3 +255,16 @@ def llava_pool(request: pytest.FixtureRequest, fleets: Fleets, llava: TinyModel)
 
     pool: Pool = _shared_fleet(request, fleets, start)
     return pool
+
+
+@pytest.fixture(scope="module")
+def ray_llava(request: pytest.FixtureRequest, fleets: Fleets, llava: TinyModel) -> RayFleet:
+    """Ray Serve LLM's P/D of the tiny LLaVA (``ray_fleet.py``): the policy's application
+    with two language-model-only decode replicas, and Ray's own beside it. About 10 GB
+    in some 30 processes: every other fleet is stopped while it runs."""
+
+    def start(root: Path) -> Any:
+        return ray_fleet(root, llava.path)
+
+    fleet: RayFleet = _shared_fleet(request, fleets, start)
+    return fleet

@@ -1,0 +1,174 @@
+"""Ray Serve LLM's P/D on this CPU with the policy's decode server, against a full-vision
+engine, and Ray's own path beside it.
+
+The deployment (``ray_llava``, ``ray_stand.py``: one driver process with its own Ray
+cluster on 127.0.0.1, stopped by its process group) runs two applications on the tiny
+LLaVA and the ``TransferConnector``:
+
+- ``/``: [`build_pd_policy_app`][pd_policy_ray.builder.build_pd_policy_app], a full-vision
+  prefill and two ``language_model_only`` decode replicas;
+- ``/own``: Ray's ``build_pd_openai_app`` with the same configs and one decode replica.
+
+The baseline is a full-vision engine of the same model in this process.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import pytest
+from http_peers import data_url, http_json
+from live_engines import BLOCK_SIZE, start_engine
+from ray_fleet import RayFleet
+from router_side import image
+from tiny_models import TinyModel
+
+MAX_TOKENS = 6
+IMAGES = {"A": image(11), "B": image(12)}
+
+
+def messages(picture: str | None, text: str = "What is in the picture?") -> list[Any]:
+    content: list[Any] = [{"type": "text", "text": text}]
+    if picture is not None:
+        content.append({"type": "image_url", "image_url": {"url": data_url(IMAGES[picture])}})
+    return [{"role": "user", "content": content}]
+
+
+def body(picture: str | None, **extra: Any) -> dict[str, Any]:
+    return {"model": "llava", "messages": messages(picture), "max_tokens": MAX_TOKENS,
+            "temperature": 0, "logprobs": True, **extra}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def baseline(llava: TinyModel) -> Any:
+    """What one full-vision engine answers, by image: token texts and their logprobs."""
+    from vllm import SamplingParams
+
+    llm = start_engine(llava, block_size=BLOCK_SIZE)
+    try:
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, logprobs=0)
+        answers = {}
+        for picture in (*IMAGES, None):
+            (out,) = llm.chat(messages(picture), params, use_tqdm=False)
+            completion = out.outputs[0]
+            answers[picture] = (
+                completion.text,
+                [
+                    lp[t].logprob
+                    for lp, t in zip(completion.logprobs, completion.token_ids, strict=True)
+                ],
+                len(out.prompt_token_ids),
+            )
+        return answers
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def ask(fleet: RayFleet, payload: dict[str, Any], prefix: str = "") -> tuple[int, Any]:
+    return http_json(f"{fleet.url}{prefix}/v1/chat/completions", payload, timeout=300)
+
+
+def close(got: list[float], want: list[float]) -> bool:
+    """Logprobs equal but for float noise (the same kernels, the KV copied, not recomputed)."""
+    return len(got) == len(want) and all(
+        math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got, want, strict=True)
+    )
+
+
+def answer(reply: Any) -> tuple[str, list[float]]:
+    choice = reply["choices"][0]
+    return choice["message"]["content"], [t["logprob"] for t in choice["logprobs"]["content"]]
+
+
+def test_images_equal_a_full_vision_engine_on_language_model_only_replicas(
+    ray_llava: RayFleet, baseline: Any
+) -> None:
+    seen: Counter[str] = Counter()
+    for picture in ("A", "B", "A", "B", "A", "B", "A", "B"):
+        status, reply = ask(ray_llava, body(picture))
+        assert status == 200, reply
+        text, logprobs = answer(reply)
+        want_text, want_logprobs, prompt = baseline[picture]
+        assert text == want_text, picture
+        assert close(logprobs, want_logprobs), picture
+        kv = reply["kv_transfer_params"]
+        assert reply["usage"]["prompt_tokens"] == prompt
+        # Every prompt token but the last came from the prefill's KV or the replica's own
+        # cache: the decode computed none of the image's tokens itself.
+        assert kv["loaded_tokens"] + kv["local_cached_tokens"] == prompt - 1
+        if not seen[picture]:
+            # Its first time anywhere: no replica holds a block of it. B after A shares
+            # their text prefix, yet hits nothing: the salts differ.
+            assert kv["local_cached_tokens"] == 0, picture
+        seen[picture] += 1
+    assert baseline["A"][0] != baseline["B"][0]  # the images tell the answers apart
+
+
+def test_replicas_share_the_load_and_each_keeps_images_apart(
+    ray_llava: RayFleet, baseline: Any
+) -> None:
+    before = ray_llava.decode_calls()
+    hits: dict[str, list[int]] = {"A": [], "B": []}
+    for picture in ("A", "B") * 6:
+        status, reply = ask(ray_llava, body(picture))
+        assert status == 200, reply
+        # On whichever replica served it, and whatever that replica held: its own answer.
+        assert answer(reply)[0] == baseline[picture][0], picture
+        hits[picture].append(reply["kv_transfer_params"]["local_cached_tokens"])
+    after = ray_llava.decode_calls()
+    served = {replica: after[replica] - before.get(replica, 0) for replica in after}
+    assert len(served) == 2 and all(n > 0 for n in served.values()), served
+    # Sent again, an image is served from the cache of a replica that saw it; never from
+    # more of a block than the image shares with the other one's prompt (none: the salts).
+    assert max(hits["A"]) > 0 and max(hits["B"]) > 0
+    assert all(hit % BLOCK_SIZE == 0 for hit in hits["A"] + hits["B"])
+
+
+def test_text_through_pd_equals_the_engine(ray_llava: RayFleet, baseline: Any) -> None:
+    status, reply = ask(ray_llava, body(None))
+    assert status == 200, reply
+    text, logprobs = answer(reply)
+    assert text == baseline[None][0]
+    assert close(logprobs, baseline[None][1])
+
+
+def test_rays_own_path_fails_on_a_language_model_only_decode(ray_llava: RayFleet) -> None:
+    # The reason the adapter exists: Ray's decode leg is the client's request, images
+    # included, and the decode engine has no vision encoder.
+    status, reply = ask(ray_llava, body("A"), prefix="/own")
+    assert status == 400
+    assert "At most 0 image(s)" in reply["error"]["message"]
+    status, reply = ask(ray_llava, body(None), prefix="/own")
+    assert status == 200, reply  # the deployment itself works
+
+
+def test_n_above_one_with_an_image_is_a_typed_400(ray_llava: RayFleet) -> None:
+    status, reply = ask(ray_llava, body("A", n=2))
+    assert status == 400, reply
+    assert "pd_decode_language_model_only_n_samples: " in reply["error"]["message"]
+
+
+def test_a_wrong_typed_salt_is_a_400_that_does_not_quote_it(ray_llava: RayFleet) -> None:
+    # Ray's ingress validates the request as vLLM's model first: vLLM's own 400.
+    status, reply = ask(ray_llava, body("A", cache_salt=["s3cr3t-salt"]))
+    assert status == 400, reply
+    assert "s3cr3t" not in reply["error"]["message"]
+
+
+def test_the_replicas_read_themselves_as_language_model_only(ray_llava: RayFleet) -> None:
+    lines = ray_llava.capability_lines()
+    assert len(lines) == 2, lines
+    assert all("supports_vision=FALSE" in line and "kv=NIXL" in line for line in lines.values())
+
+
+def test_a_media_reference_the_worker_would_not_read_is_a_typed_400(ray_llava: RayFleet) -> None:
+    payload = body(None)
+    payload["messages"][0]["content"].append(
+        {"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}
+    )
+    status, reply = ask(ray_llava, payload)
+    assert status == 400, reply
+    assert "pd_media_refused" in reply["error"]["message"]
+    assert "/etc/hostname" not in reply["error"]["message"]

@@ -1,0 +1,139 @@
+"""A Ray Serve LLM P/D deployment on this CPU, as a process of its own (the tests' peer).
+
+Run: ``python ray_stand.py CONFIG.json``. The config names the model directory, the
+transfer directory, the HTTP port, and the applications:
+
+- ``policy`` (route ``/``): [`build_pd_policy_app`][pd_policy_ray.builder.build_pd_policy_app]
+  with a full-vision prefill and ``decode_replicas`` language-model-only decode replicas;
+- ``own`` (route ``/own``), when ``own`` is true: Ray's ``build_pd_openai_app`` with the
+  same two configs (one decode replica), the path the adapter exists to replace.
+
+The driver starts its own Ray cluster on 127.0.0.1 (more logical CPUs than the machine
+has: every replica asks for some), writes ``{"ready": true}`` to the config's ``ready``
+file once every application is running, and on SIGTERM shuts Serve and the cluster
+down. The test stops it by its process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+#: What every engine runs with: small, deterministic, fp32 (as ``live_engines.py``).
+ENGINE: dict[str, Any] = {
+    "kv_cache_memory_bytes": 64 * 2**20,
+    "enforce_eager": True,
+    "dtype": "float32",
+    "max_model_len": 1024,
+    "max_num_seqs": 2,
+    "seed": 0,
+    "block_size": 32,
+}
+ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def llm_config(spec: dict[str, Any], role: str, *, lm_only: bool, replicas: int = 1) -> Any:
+    from ray.serve.llm import LLMConfig
+
+    from pd_policy_vllm.transfer_connector import kv_transfer_config
+
+    engine = {**ENGINE, "kv_transfer_config": kv_transfer_config(role, spec["transfers"])}
+    if lm_only:
+        engine["language_model_only"] = True
+    return LLMConfig(
+        model_loading_config={"model_id": spec["model_id"], "model_source": spec["model"]},
+        accelerator_config={"kind": "cpu"},
+        engine_kwargs=engine,
+        deployment_config={"num_replicas": replicas},
+        runtime_env={"env_vars": ENV},
+    )
+
+
+def main(path: str) -> None:
+    spec = json.loads(Path(path).read_text())
+    import ray
+    from ray import serve
+    from ray.serve.llm import build_pd_openai_app
+
+    from pd_policy_ray import build_pd_policy_app
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Idle workers (left by Ray LLM's model-download tasks) are ended at once: each holds
+    # about 1 GB, and five of them stayed up otherwise.
+    ray.init(num_cpus=32, include_dashboard=False, _node_ip_address="127.0.0.1",
+             _system_config={"idle_worker_killing_time_threshold_ms": 100,
+                             "num_workers_soft_limit": 0})  # fmt: skip
+    try:
+        serve.start(
+            http_options={"host": "127.0.0.1", "port": spec["port"]},
+            logging_config={"enable_access_log": True},
+        )
+        prefill = llm_config(spec, "kv_producer", lm_only=False)
+        decode = llm_config(spec, "kv_consumer", lm_only=True, replicas=spec["decode_replicas"])
+        serve.run(build_pd_policy_app(prefill, decode), name="policy", route_prefix="/",
+                  blocking=False)  # fmt: skip
+        if spec.get("own"):
+            own = build_pd_openai_app(
+                {"prefill_config": llm_config(spec, "kv_producer", lm_only=False),
+                 "decode_config": llm_config(spec, "kv_consumer", lm_only=True)}
+            )  # fmt: skip
+            serve.run(own, name="own", route_prefix="/own", blocking=False)
+        while not stop.is_set():
+            status = serve.status().applications
+            if all(a.status == "RUNNING" for a in status.values()) and status:
+                break
+            if any(a.status in ("DEPLOY_FAILED", "UNHEALTHY") for a in status.values()):
+                raise RuntimeError(f"a Ray application failed: {status}")
+            time.sleep(1.0)
+        logs = Path(_session_dir()) / "logs" / "serve"
+        Path(spec["ready"]).write_text(json.dumps({"ready": True, "serve_logs": str(logs)}))
+        stop.wait()
+    finally:
+        # Replicas start their engines in process groups of their own, which outlive a
+        # shutdown now and then: whatever of this driver's tree is left is killed after.
+        tree = _descendants(os.getpid())
+        serve.shutdown()
+        ray.shutdown()
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _session_dir() -> str:
+    import ray
+
+    node = ray._private.worker.global_worker.node
+    return str(node.get_session_dir_path())
+
+
+if __name__ == "__main__":
+    os.environ.update(ENV)
+    main(sys.argv[1])
