@@ -328,6 +328,27 @@ MUTANTS: Final = (
         "            ours = plan.body is body",
         ("tests/http/test_http_proxy_faults.py",),
     ),
+    Mutant(
+        "the Ray decode server sends Ray's own decode leg: the client's request, images in",
+        "pd_policy_ray/server.py",
+        'decode_body_for(plan, reply.model_dump(mode="json"))',
+        'request.model_dump(mode="json", exclude_unset=True)',
+        ("tests/ray/test_ray_server.py",),
+    ),
+    Mutant(
+        "the Ray decode server decodes after a prefill error",
+        "pd_policy_ray/server.py",
+        "                if isinstance(reply, ErrorResponse):",
+        "                if False:",
+        ("tests/ray/test_ray_server.py",),
+    ),
+    Mutant(
+        "a Ray deployment without a connector read as one that needs no handoff",
+        "pd_policy_ray/legs.py",
+        "    if not isinstance(name, str) or not name:",
+        "    if not isinstance(name, str):",
+        ("tests/ray/test_ray_legs.py",),
+    ),
 )
 
 

@@ -129,7 +129,7 @@ def test_text_request_on_lm_only_decode_runs_pd_without_a_salt() -> None:
 def test_prefill_kv_reads_the_connector() -> None:
     assert prefill_kv({"kv_connector": "TransferConnector"}).mode is KvConnectorMode.NIXL
     assert prefill_kv({"kv_connector": "NixlConnector"}).mode is KvConnectorMode.NIXL
-    for config in (None, {}, {"kv_connector": "SomethingElse"}, {"kv_connector": 3}):
+    for config in (None, {}, {"kv_connector": ""}, {"kv_connector": "Else"}, {"kv_connector": 3}):
         with pytest.raises(InvalidConfiguration):
             prefill_kv(config)
 
