@@ -333,14 +333,14 @@ MUTANTS: Final = (
         "pd_policy_ray/server.py",
         'decode_body_for(plan, reply.model_dump(mode="json"))',
         'request.model_dump(mode="json", exclude_unset=True)',
-        ("tests/ray/test_ray_server.py",),
+        ("tests/vllm/ray/test_ray_server.py",),
     ),
     Mutant(
         "the Ray decode server decodes after a prefill error",
         "pd_policy_ray/server.py",
         "                if isinstance(reply, ErrorResponse):",
         "                if False:",
-        ("tests/ray/test_ray_server.py",),
+        ("tests/vllm/ray/test_ray_server.py",),
     ),
     Mutant(
         "a Ray deployment without a connector read as one that needs no handoff",

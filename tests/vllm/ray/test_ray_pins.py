@@ -10,7 +10,7 @@ import ray
 
 from pd_policy_ray import RAY_VERSION
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_installed_ray_is_the_pinned_one() -> None:

@@ -1,6 +1,6 @@
 """The Ray decode server's request life, with a stand-in prefill handle and engine.
 
-The live tests (``tests/vllm/ray``) run the real deployment; here, the faults a real
+The live module beside it runs the real deployment; here, the faults a real
 prefill deployment is not made to show in one session: a prefill that hands no KV, a
 prefill that answers an error. Each test checks which legs ran.
 """
