@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -74,3 +76,8 @@ def ray_fleet(root: Path, model: Path, *, decode_replicas: int = 2) -> Iterator[
         yield RayFleet(f"http://127.0.0.1:{port}", json.loads(ready.read_text())["serve_logs"])
     finally:
         stop_all([server])
+        # The engines run in process groups of their own: killed by pid if the driver
+        # did not get to them.
+        for pid in json.loads(ready.read_text()).get("pids", []) if ready.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

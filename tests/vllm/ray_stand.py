@@ -9,9 +9,10 @@ transfer directory, the HTTP port, and the applications:
   same two configs (one decode replica), the path the adapter exists to replace.
 
 The driver starts its own Ray cluster on 127.0.0.1 (more logical CPUs than the machine
-has: every replica asks for some), writes ``{"ready": true}`` to the config's ``ready``
-file once every application is running, and on SIGTERM shuts Serve and the cluster
-down. The test stops it by its process group.
+has: every replica asks for some), writes ``{"ready": true, ...}``, with the cluster's
+process ids, to the config's ``ready`` file once every application is running, and on
+SIGTERM kills the cluster's whole process tree. The test stops it by its process group,
+then kills by pid whatever the ready file names that is left.
 """
 
 from __future__ import annotations
@@ -99,15 +100,17 @@ def main(path: str) -> None:
                 raise RuntimeError(f"a Ray application failed: {status}")
             time.sleep(1.0)
         logs = Path(_session_dir()) / "logs" / "serve"
-        Path(spec["ready"]).write_text(json.dumps({"ready": True, "serve_logs": str(logs)}))
+        # Replicas start their engines in process groups of their own, which the test's
+        # kill of this driver's group does not reach: it kills these too, by pid.
+        tree = _descendants(os.getpid())
+        Path(spec["ready"]).write_text(
+            json.dumps({"ready": True, "serve_logs": str(logs), "pids": tree})
+        )
         stop.wait()
     finally:
-        # Replicas start their engines in process groups of their own, which outlive a
-        # shutdown now and then: whatever of this driver's tree is left is killed after.
-        tree = _descendants(os.getpid())
-        serve.shutdown()
-        ray.shutdown()
-        for pid in tree:
+        # Nothing of the cluster is kept: the whole tree goes at once, since a graceful
+        # shutdown of five engines can outlast the test's patience and leave them orphaned.
+        for pid in _descendants(os.getpid()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
