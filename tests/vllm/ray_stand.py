@@ -27,22 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: What every engine runs with: small, deterministic, fp32 (as ``live_engines.py``).
-ENGINE: dict[str, Any] = {
-    "kv_cache_memory_bytes": 64 * 2**20,
-    "enforce_eager": True,
-    "dtype": "float32",
-    "max_model_len": 1024,
-    "max_num_seqs": 2,
-    "seed": 0,
-    "block_size": 32,
-}
-ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+from live_engines import BLOCK_SIZE, ENGINE_SETTINGS
+from servers import BASE_ENV
+
+#: What every engine runs with: the in-process test engines' settings and block size.
+ENGINE: dict[str, Any] = {**ENGINE_SETTINGS, "block_size": BLOCK_SIZE}
+#: The offline environment every replica gets. Not VLLM_ENABLE_V1_MULTIPROCESSING: Ray
+#: runs a CPU engine on vLLM's multiprocessing executor whatever it says.
+ENV = {k: v for k, v in BASE_ENV.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
 
 
 def llm_config(spec: dict[str, Any], role: str, *, lm_only: bool, replicas: int = 1) -> Any:
