@@ -37,7 +37,8 @@ from .seam import (
 __all__ = ["PolicyDecodeServer", "requests_log"]
 
 #: One JSON line a request (its id, route, decode form and outcome), under ``ray.serve``
-#: so that Serve writes it to the replica's own log file.
+#: so that Serve's formatter tags it with the replica's id (it reaches the replica
+#: worker's stderr log, ``worker-*.err``, as measured on Ray 2.60).
 requests_log = logging.getLogger("ray.serve.pd_policy")
 
 
