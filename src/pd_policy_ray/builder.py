@@ -2,20 +2,21 @@
 
 Ray's ``build_pd_openai_app`` hard-codes its decode server class; this builder is the
 same graph (ingress -> decode -> prefill) from Ray's public builder pieces, with
-[`PolicyDecodeServer`][pd_policy_ray.server.PolicyDecodeServer] (or its data-parallel
-form) as the decode deployment. Configs are validated by Ray's own ``PDServingArgs``
-(same model on both, a ``kv_transfer_config`` on both, LoRA on both or neither).
+[`PolicyDecodeServer`][pd_policy_ray.server.PolicyDecodeServer] as the decode deployment
+and [`PolicyPrefillServer`][pd_policy_ray.prefill.PolicyPrefillServer] (which also renders,
+for the M-RoPE metadata path) as the prefill one, or their data-parallel forms. Configs
+are validated by Ray's own ``PDServingArgs`` (same model on both, a
+``kv_transfer_config`` on both, LoRA on both or neither).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .prefill import PolicyDPPrefillServer, PolicyPrefillServer
 from .seam import (
     RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING,
-    DPPDPrefillServer,
     DPServer,
-    PDPrefillServer,
     PDServingArgs,
     _build_direct_streaming_llm_deployment,
     _build_openai_ingress_request_router,
@@ -64,7 +65,7 @@ def build_pd_policy_app(
     prefill_dp, decode_dp = _dp_size(pd.prefill_config), _dp_size(pd.decode_config)
     prefill = (build_dp_deployment if prefill_dp > 1 else build_llm_deployment)(
         pd.prefill_config, name_prefix="Prefill:",
-        deployment_cls=DPPDPrefillServer if prefill_dp > 1 else PDPrefillServer,
+        deployment_cls=PolicyDPPrefillServer if prefill_dp > 1 else PolicyPrefillServer,
     )  # fmt: skip
     decode_cls = PolicyDPDecodeServer if decode_dp > 1 else PolicyDecodeServer
     bind = {"prefill_server": prefill}

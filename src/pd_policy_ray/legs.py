@@ -13,6 +13,14 @@ since Ray's requests are vLLM's OpenAI requests):
   parameters and the folded ``cache_salt``; for a vision decode, the body itself with
   the relayed KV parameters.
 
+An M-RoPE image on a language-model-only decode that takes metadata runs the metadata
+path instead (``MROPE_METADATA``): the plan holds a render leg for the prefill replica;
+once it has answered ([`rendered_plan`][pd_policy_ray.legs.rendered_plan]) the prefill
+leg is the rendered request (token-in, pixels included) and the decode leg the rendered
+request with each image's hash, placeholder and grid but no pixels, whose tokens the
+decode's derender turns back into a chat completion
+([`decode_leg_for`][pd_policy_ray.legs.decode_leg_for]).
+
 Bodies go in and out as JSON-shaped dicts, as the HTTP proxy's do, so the two routers
 send the same legs for the same request. Every refusal is a typed
 [`PolicyError`][pd_policy.errors.PolicyError], raised before any engine is called where
@@ -33,10 +41,19 @@ from pd_policy import (
     connector_mode,
 )
 from pd_policy_vllm.http.codec import dumps, loads
-from pd_policy_vllm.http.plan import Plan, decode_leg, plan_request
+from pd_policy_vllm.http.legs import Leg
+from pd_policy_vllm.http.plan import Plan, decode_leg, plan_rendered, plan_request
 from pd_policy_vllm.http.request import Route
 
-__all__ = ["DECODE", "decode_body_for", "plan_legs", "prefill_body_for", "prefill_kv"]
+__all__ = [
+    "DECODE",
+    "decode_body_for",
+    "decode_leg_for",
+    "plan_legs",
+    "prefill_body_for",
+    "prefill_kv",
+    "rendered_plan",
+]
 
 #: The handle the plan names the decode replica by: the server that plans is the decode.
 DECODE = "decode"
@@ -68,22 +85,30 @@ def plan_legs(
 
     Raises every refusal the policy makes before prefill: a malformed body, the
     carve-outs (M-RoPE grids on a language-model-only decode that cannot take them,
-    media references, n>1 with media), a ``cache_salt`` vLLM would refuse. A plan
-    whose legs need vLLM's render routes (the M-RoPE metadata path) is refused too,
-    naming ``input_ids``: a Ray prefill serves no render route. A plan without a prefill
-    leg (n>1 without media) runs decode alone on the decode replica."""
+    media references, n>1 with media), a ``cache_salt`` vLLM would refuse. The prefill
+    replica renders (``PolicyPrefillServer``), so an M-RoPE image on a decode that takes
+    metadata gets a plan whose ``render`` is the chat body to render first. A plan
+    without a prefill leg or a render (n>1 without media) runs decode alone."""
     plan = plan_request(
         body, route, [DecodeCandidate(capability, DECODE)], kv, mrope=mrope,
-        request_id=request_id, renders=False,
+        request_id=request_id, renders=True,
     )  # fmt: skip
-    if plan.render is not None or plan.epd:
-        # Unreachable while renders=False and no encoder is named; kept so that a core
-        # that grows a path Ray cannot run refuses here, not deep in an engine.
+    if plan.epd:
+        # Unreachable while no encoder is named; kept so that a core that grows a path
+        # Ray cannot run refuses here, not deep in an engine.
         raise MalformedRequest(
-            "this request's legs need vLLM's render route, which a Ray prefill does not serve",
-            param="input_ids",
+            "this request's legs need an encoder, which a Ray P/D graph does not have",
+            param="messages",
         )
     return plan
+
+
+def rendered_plan(plan: Plan[str], render_response: Mapping[str, Any]) -> Plan[str]:
+    """The plan once the prefill replica rendered its ``render`` body (the render's JSON).
+
+    Raises a ``prefill_stream_error`` (502) for a render that does not give every image
+    a hash, a placeholder and its grid: the decode could not place it."""
+    return plan_rendered(plan, render_response)
 
 
 def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -96,7 +121,10 @@ def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def prefill_body_for(plan: Plan[Any]) -> dict[str, Any] | None:
     """The prefill leg's body (JSON types); ``None`` when decode runs alone (n>1 without
-    media)."""
+    media). Raises ``ValueError`` for a plan that waits for its render: its prefill leg
+    is the render's, not yet known."""
+    if plan.render is not None:
+        raise ValueError("this plan renders first: its prefill leg comes from rendered_plan")
     return _plain(plan.prefill) if plan.prefill is not None else None
 
 
@@ -107,5 +135,14 @@ def decode_body_for(plan: Plan[Any], prefill_response: Mapping[str, Any] | None)
     Raises [`MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams] (502) for
     a stripped leg with media that the prefill handed no KV for, and a
     ``prefill_stream_error`` (502) for a response without the expanded prompt ids."""
+    return decode_leg_for(plan, prefill_response).body
+
+
+def decode_leg_for(plan: Plan[Any], prefill_response: Mapping[str, Any] | None) -> Leg:
+    """The decode leg, its body in JSON types: a chat or completion body (``route`` is
+    the plan's), or on the metadata path a token-in generate body with the ``derender``
+    that turns its output into the client's completion. Raises as
+    [`decode_body_for`][pd_policy_ray.legs.decode_body_for]."""
     response = dict(prefill_response) if prefill_response is not None else None
-    return _plain(decode_leg(plan, response).body)
+    leg = decode_leg(plan, response)
+    return Leg(leg.route, _plain(leg.body), leg.derender)

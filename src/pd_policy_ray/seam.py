@@ -16,6 +16,7 @@ try:
     from ray.llm._internal.serve.constants import RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING
     from ray.llm._internal.serve.core.configs.openai_api_models import (
         ChatCompletionRequest,
+        ChatCompletionResponse,
         CompletionRequest,
         ErrorInfo,
         ErrorResponse,
@@ -36,7 +37,6 @@ try:
     from ray.llm._internal.serve.serving_patterns.data_parallel.dp_server import DPServer
     from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
     from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import (
-        DPPDPrefillServer,
         PDDecodeServer,
         PDPrefillServer,
     )
@@ -49,8 +49,8 @@ except ModuleNotFoundError as exc:
 __all__ = [
     "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING",
     "ChatCompletionRequest",
+    "ChatCompletionResponse",
     "CompletionRequest",
-    "DPPDPrefillServer",
     "DPServer",
     "ErrorInfo",
     "ErrorResponse",

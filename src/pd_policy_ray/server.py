@@ -6,7 +6,11 @@ with the request's life replaced: the policy plans both legs for the replica's o
 capability ([`legs`][pd_policy_ray.legs]), a refusal is an OpenAI error before any engine
 is called, the prefill runs on the prefill deployment, and the decode leg the policy
 built runs on the local engine. Ray's connector backend still sets the engine up (NIXL's
-side channel, say); the backend's request shaping is not used.
+side channel, say); the backend's request shaping is not used. An M-RoPE image on a
+replica that takes metadata runs the metadata path ([`metadata`][pd_policy_ray.metadata]):
+rendered and prefilled on the prefill deployment
+([`PolicyPrefillServer`][pd_policy_ray.prefill.PolicyPrefillServer]), decoded token-in
+on the local engine and derendered there.
 
 Imports Ray Serve LLM (``pd-policy[ray]``).
 """
@@ -19,12 +23,14 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from pd_policy import InvalidConfiguration, PolicyError, WorkerCapability
+from pd_policy import InvalidConfiguration, PolicyError, Support, WorkerCapability
 from pd_policy_vllm.http.request import Route
 
 from .capability import engine_config_of, replica_capability, uses_mrope
 from .errors import error_response
 from .legs import decode_body_for, plan_legs, prefill_body_for, prefill_kv
+from .metadata import Step, decode_metadata_leg, prepare_metadata_leg
+from .scale_out import ScaleOut
 from .seam import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -84,6 +90,11 @@ class PolicyDecodeServer(PDDecodeServer):  # type: ignore[misc]
         self.capability = replica_capability(config)
         self.mrope = uses_mrope(config)
         self.kv = prefill_kv(llm_config.engine_kwargs.get("kv_transfer_config"))
+        # The metadata path's engine calls (render, prefill) are unary, not streamed.
+        self.prefill_calls = self._prefill_handle.options(stream=False)
+        self.local: ScaleOut | None = None
+        if self.capability.accepts_mm_metadata is Support.TRUE and self.mrope:
+            self.local = ScaleOut.of(self.engine)
         requests_log.info(
             "decode replica: supports_vision=%s accepts_mm_metadata=%s mrope=%s kv=%s",
             self.capability.supports_vision.name, self.capability.accepts_mm_metadata.name,
@@ -101,6 +112,10 @@ class PolicyDecodeServer(PDDecodeServer):  # type: ignore[misc]
             plan = plan_legs(body, route, self.capability, self.kv, mrope=self.mrope,
                              request_id=request_id)  # fmt: skip
             form = plan.form.value
+            if plan.render is not None:
+                async for item in self._metadata(plan, request_id, route, form):
+                    yield item
+                return
             prefill_body = prefill_body_for(plan)
             if prefill_body is None:  # n>1 without media: decode runs alone
                 decode = _request(route, decode_body_for(plan, None))
@@ -124,6 +139,26 @@ class PolicyDecodeServer(PDDecodeServer):  # type: ignore[misc]
                           head.error.code if failed else 200)  # fmt: skip
                 first = False
             yield chunk
+
+    async def _metadata(
+        self, plan: Any, request_id: str, route: Route, form: str
+    ) -> AsyncGenerator[Any, None]:
+        # Raises the core's refusals after prefill (the caller answers them).
+        step, leg = await prepare_metadata_leg(plan, self.prefill_calls)
+        if step is not Step.DECODE:
+            self._log(request_id, route, form, f"{step.value}_error", leg.error.code)
+            yield leg
+            return
+        if self.local is None:  # a plan says the path exists only where it does
+            raise InvalidConfiguration("this replica has no scale-out serving")
+        first = True
+        async for step, item in decode_metadata_leg(leg, self.local):
+            if first:  # one line a request, as on the plain path: its first answer
+                failed = isinstance(item, ErrorResponse)
+                outcome = f"{step.value}_error" if failed else "ok"
+                self._log(request_id, route, form, outcome, item.error.code if failed else 200)
+                first = False
+            yield item
 
     async def _prefill(self, route: Route, request: Any, raw_request_info: Any) -> Any:
         # The prefill deployment's first answer: its one token, or an ErrorResponse.

@@ -21,8 +21,16 @@ from pd_policy import (
 )
 from pd_policy.catalog import ERROR_CATALOG
 from pd_policy_ray.errors import error_fields
-from pd_policy_ray.legs import decode_body_for, plan_legs, prefill_body_for, prefill_kv
+from pd_policy_ray.legs import (
+    decode_body_for,
+    decode_leg_for,
+    plan_legs,
+    prefill_body_for,
+    prefill_kv,
+    rendered_plan,
+)
 from pd_policy_vllm.http.request import Route
+from pd_policy_vllm.http.scale_out import GENERATE
 
 LM_ONLY = WorkerCapability(Support.FALSE)
 VISION = WorkerCapability(Support.TRUE)
@@ -108,15 +116,95 @@ def test_refusals_before_any_engine(body: dict[str, Any], code: str, status: int
     assert (caught.value.code, caught.value.status) == (code, status)
 
 
-def test_mrope_image_on_lm_only_decode_is_refused_before_any_engine() -> None:
-    # A replica that takes metadata would need the prefill's render, which Ray's
-    # prefill server does not serve: the core names what is missing.
-    takes_metadata = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE)
-    for capability, param in ((LM_ONLY, None), (takes_metadata, "input_ids")):
-        with pytest.raises(PolicyError) as caught:
-            plan(chat(), capability, mrope=True)
-        assert caught.value.code == "pd_decode_language_model_only_mrope"
-        assert (caught.value.status, caught.value.param) == (400, param)
+TAKES_METADATA = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE)
+
+
+def render(grids: bool = True, **features: Any) -> dict[str, Any]:
+    """A render answer as vLLM 0.32's ``ServingRender`` dumps it: one image, 36
+    placeholder ids from offset 3, its pixels and grid whole and its grid alone."""
+    found = {
+        "mm_hashes": {"image": ["ab" * 32]},
+        "mm_placeholders": {"image": [{"offset": 3, "length": 36}]},
+        "kwargs_data": {"image": ["PIXELS-AND-GRID"]},
+        "mm_metadata": {"image": ["GRID-ONLY"]} if grids else None,
+        **features,
+    }
+    return {"request_id": "r1", "token_ids": IDS, "features": found, "model": "qwen",
+            "stream": False, "sampling_params": {"max_tokens": 5, "temperature": 0.0, "n": 1},
+            "cache_salt": None, "kv_transfer_params": None}  # fmt: skip
+
+
+def generated(kv: Any = RELAYED, ids: list[int] = IDS) -> dict[str, Any]:
+    # As the prefill replica's token-in generate answers (its model_dump).
+    return {"request_id": "r1", "choices": [{"index": 0, "token_ids": [9]}],
+            "prompt_token_ids": ids, "kv_transfer_params": kv}  # fmt: skip
+
+
+def test_mrope_image_without_metadata_on_lm_only_decode_is_refused_before_any_engine() -> None:
+    with pytest.raises(PolicyError) as caught:
+        plan(chat(), LM_ONLY, mrope=True)
+    assert caught.value.code == "pd_decode_language_model_only_mrope"
+    assert (caught.value.status, caught.value.param) == (400, None)
+
+
+def test_mrope_image_on_a_metadata_decode_renders_on_the_prefill_first() -> None:
+    legs = plan(chat(), TAKES_METADATA, mrope=True)
+    assert legs.form.name == "MROPE_METADATA"
+    assert legs.render == chat()  # the client's chat request, for the prefill to render
+    with pytest.raises(ValueError, match="renders first"):
+        prefill_body_for(legs)
+
+
+def test_metadata_legs_prefill_the_pixels_and_decode_the_grid_alone() -> None:
+    legs = rendered_plan(plan(chat(stream=True), TAKES_METADATA, mrope=True), render())
+    prefill = prefill_body_for(legs)
+    assert prefill is not None
+    assert prefill["features"]["kwargs_data"] == {"image": ["PIXELS-AND-GRID"]}
+    assert prefill["sampling_params"]["max_tokens"] == 1 and prefill["stream"] is False
+    assert prefill["kv_transfer_params"] == json.loads(NIXL_PREFILL_PARAMS)
+    leg = decode_leg_for(legs, generated())
+    assert leg.route == GENERATE and leg.derender is not None
+    features = leg.body["features"]
+    # The decode gets the grid (placing the image's rotary positions) but no pixels.
+    assert features["kwargs_data"] == {"image": ["GRID-ONLY"]}
+    assert features["mm_hashes"] == {"image": ["ab" * 32]}
+    assert "PIXELS" not in json.dumps(leg.body)
+    assert leg.body["kv_transfer_params"]["transfer_id"] == "t1"
+    # The engine keys the prefix cache by the hashes it is given: the salt stays the client's.
+    assert leg.body["cache_salt"] is None
+    assert leg.body["output_mode"] == "tokens"
+    json.dumps(leg.body)  # plain JSON types: pydantic and pickling take it
+
+
+def test_the_metadata_leg_names_each_image_by_its_rendered_hash_and_keeps_a_salt() -> None:
+    def features(digest: str, salt: str | None = None) -> Any:
+        answer = {**render(mm_hashes={"image": [digest]}), "cache_salt": salt}
+        extra = {"cache_salt": salt} if salt else {}
+        legs = rendered_plan(plan(chat(**extra), TAKES_METADATA, mrope=True), answer)
+        body = decode_leg_for(legs, generated()).body
+        return body["features"]["mm_hashes"]["image"], body["cache_salt"]
+
+    assert features("cd" * 32) == (["cd" * 32], None)
+    assert features("ab" * 32, "tenant") == (["ab" * 32], "tenant")
+
+
+@pytest.mark.parametrize(
+    ("answer", "prefilled"),
+    [
+        (render(grids=False), generated()),  # no grid: the decode could not place it
+        (render(mm_hashes={"image": [""]}), generated()),  # no content hash
+        (render(), generated(kv=None)),  # no KV: the leg would crash the engine
+        (render(), generated(ids=IDS[:-1])),  # not the ids rendered
+    ],
+)
+def test_metadata_path_faults_after_prefill_are_502s(answer: Any, prefilled: Any) -> None:
+    def legs() -> Any:
+        return decode_leg_for(rendered_plan(plan(chat(), TAKES_METADATA, mrope=True), answer),
+                              prefilled)  # fmt: skip
+
+    with pytest.raises(PolicyError) as caught:
+        legs()
+    assert caught.value.status == 502
 
 
 def test_text_request_on_lm_only_decode_runs_pd_without_a_salt() -> None:
@@ -153,6 +241,9 @@ def test_n_above_one_without_media_runs_decode_alone() -> None:
 def test_the_error_table_of_the_ray_guide_agrees_with_the_catalog() -> None:
     guide = (Path(__file__).resolve().parents[2] / "docs" / "ray.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| [^|]+ \| (\d{3}) \| `([a-z_0-9]+)` \|$", guide, flags=re.MULTILINE)
-    assert len(rows) == 4, rows
+    assert len(rows) == 5, rows
     for status, code in rows:
-        assert ERROR_CATALOG[code].status == int(status), code
+        entry = ERROR_CATALOG[code]
+        # A worker's failure has no fixed status in the catalog: the path that raises it
+        # names one (the metadata path's render and prefill checks, 502).
+        assert entry.status == int(status) or (entry.status is None and status == "502"), code

@@ -8,6 +8,7 @@ prefill that answers an error. Each test checks which legs ran.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -141,3 +142,139 @@ def test_text_with_n_above_one_decodes_alone(decoded: list[Any]) -> None:
     )
     assert run(server(prefill, LM_ONLY), text) == ["ok"]
     assert prefill.sent == [] and decoded[0].n == 2
+
+
+# The M-RoPE metadata path: the prefill deployment renders and prefills (unary calls), the
+# replica's own engine generates token-in and derenders.
+TAKES_METADATA = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE)
+RELAYED = {"transfer_id": "t"}
+RENDERED = {
+    "request_id": "r", "token_ids": IDS, "model": "qwen2vl", "stream": False,
+    "sampling_params": {"max_tokens": 4, "n": 1}, "cache_salt": None,
+    "kv_transfer_params": None,
+    "features": {"mm_hashes": {"image": ["ab" * 32]},
+                 "mm_placeholders": {"image": [{"offset": 3, "length": 36}]},
+                 "kwargs_data": {"image": ["PIXELS"]}, "mm_metadata": {"image": ["GRID"]}},
+}  # fmt: skip
+COMPLETION = {
+    "id": "c", "object": "chat.completion", "created": 0, "model": "qwen2vl",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"},
+                 "finish_reason": "length"}],
+    "usage": {"prompt_tokens": len(IDS), "completion_tokens": 1, "total_tokens": 42},
+}  # fmt: skip
+
+
+class Unary:
+    """A stand-in for one method of a unary handle: records bodies, answers ``reply``."""
+
+    def __init__(self, reply: Any) -> None:
+        self.reply, self.sent = reply, []
+
+    async def remote(self, body: Any) -> Any:
+        self.sent.append(body)
+        return self.reply
+
+
+class MetadataPrefill:
+    def __init__(self, render: Any = RENDERED, kv: Any = RELAYED) -> None:
+        self.render_chat = Unary(render)
+        prefilled = {"request_id": "r", "choices": [], "prompt_token_ids": IDS,
+                     "kv_transfer_params": kv}  # fmt: skip
+        self.generate = Unary(prefilled)
+
+
+class Local:
+    """A stand-in for the replica's ``ScaleOut``: two tokens, derendered one by one."""
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.fail_after = fail_after
+        self.generated: list[Any] = []
+        self.states: list[Any] = []
+
+    async def generate(self, body: Any) -> Any:
+        self.generated.append(body)
+        return {"request_id": "r", "choices": [{"index": 0, "token_ids": [7, 8]}]}
+
+    async def derender_whole(self, body: Any) -> Any:
+        assert body["generate_response"]["choices"][0]["token_ids"] == [7, 8]
+        return COMPLETION
+
+    async def generate_stream(self, body: Any) -> AsyncIterator[Any]:
+        self.generated.append(body)
+        for n, token in enumerate((7, 8)):
+            if n == self.fail_after:
+                yield ErrorResponse(error=ErrorInfo(message="gone", type="E", code=500))
+                return
+            yield {"choices": [{"index": 0, "token_ids": [token]}]}
+
+    async def derender_chunk(self, body: Any) -> Any:
+        self.states.append(body["stream_state"])
+        token = body["generate_chunk"]["choices"][0]["token_ids"][0]
+        return {"choices": [{"delta": {"content": str(token)}}]}, {"seen": token}
+
+
+def metadata_server(prefill: MetadataPrefill, local: Local) -> Any:
+    made = server(Prefill(None), TAKES_METADATA)
+    made.mrope, made.prefill_calls, made.local = True, prefill, local
+    return made
+
+
+def qwen(**extra: Any) -> Any:
+    return request(model="qwen2vl", **extra)
+
+
+def test_metadata_path_renders_prefills_and_derenders_a_whole_answer() -> None:
+    prefill, local = MetadataPrefill(), Local()
+    (answer,) = run(metadata_server(prefill, local), qwen(return_token_ids=True))
+    assert isinstance(answer, ChatCompletionResponse)
+    assert answer.prompt_token_ids == IDS  # the derender leaves them out; the client asked
+    assert prefill.render_chat.sent[0]["messages"][0]["content"][1] == IMAGE
+    (prefilled,) = prefill.generate.sent
+    assert prefilled["features"]["kwargs_data"] == {"image": ["PIXELS"]}
+    (decoded,) = local.generated
+    assert decoded["features"]["kwargs_data"] == {"image": ["GRID"]}
+    assert decoded["kv_transfer_params"]["transfer_id"] == "t"
+
+
+def test_metadata_path_streams_chunks_threading_the_derender_state() -> None:
+    local = Local()
+    streamed = MetadataPrefill(render={**RENDERED, "stream": True})
+    events = run(metadata_server(streamed, local), qwen(stream=True, return_token_ids=True))
+    # The first chunk carries the prompt's ids, which the client asked for.
+    head = json.loads(events[0].removeprefix("data: "))
+    assert head.pop("prompt_token_ids") == IDS
+    events[0] = f"data: {json.dumps(head, separators=(',', ':'))}\n\n"
+    assert events == ['data: {"choices":[{"delta":{"content":"7"}}]}\n\n',
+                      'data: {"choices":[{"delta":{"content":"8"}}]}\n\n',
+                      "data: [DONE]\n\n"]  # fmt: skip
+    assert local.states == [None, {"seen": 7}]
+
+
+def test_metadata_prefill_without_kv_is_a_502_and_the_engine_never_runs() -> None:
+    local = Local()
+    (error,) = run(metadata_server(MetadataPrefill(kv=None), local), qwen())
+    assert isinstance(error, ErrorResponse) and error.error.code == 502
+    assert error.error.message.startswith("pd_decode_missing_kv_transfer_params: ")
+    assert local.generated == []
+
+
+def test_a_render_error_reaches_the_client_and_nothing_else_runs() -> None:
+    failed = ErrorResponse(error=ErrorInfo(message="bad image", type="BadRequestError", code=400))
+    prefill, local = MetadataPrefill(render=failed), Local()
+    assert run(metadata_server(prefill, local), qwen()) == [failed]
+    assert prefill.generate.sent == [] and local.generated == []
+
+
+def test_a_render_without_grids_is_a_502_before_prefill() -> None:
+    features = {**RENDERED["features"], "mm_metadata": None}
+    prefill, local = MetadataPrefill(render={**RENDERED, "features": features}), Local()
+    (error,) = run(metadata_server(prefill, local), qwen())
+    assert isinstance(error, ErrorResponse) and error.error.code == 502
+    assert prefill.generate.sent == [] and local.generated == []
+
+
+def test_a_decode_failure_mid_stream_is_the_last_event() -> None:
+    streamed = MetadataPrefill(render={**RENDERED, "stream": True})
+    events = run(metadata_server(streamed, Local(fail_after=1)), qwen(stream=True))
+    assert events[0].startswith("data: ") and isinstance(events[-1], ErrorResponse)
+    assert len(events) == 2
