@@ -258,13 +258,16 @@ def llava_pool(request: pytest.FixtureRequest, fleets: Fleets, llava: TinyModel)
 
 
 @pytest.fixture(scope="module")
-def ray_llava(request: pytest.FixtureRequest, fleets: Fleets, llava: TinyModel) -> RayFleet:
-    """Ray Serve LLM's P/D of the tiny LLaVA (``ray_fleet.py``): the policy's application
-    with two language-model-only decode replicas, and Ray's own beside it. About 10 GB
-    in some 30 processes: every other fleet is stopped while it runs."""
+def ray_pd(
+    request: pytest.FixtureRequest, fleets: Fleets, llava: TinyModel, qwen2vl: TinyModel
+) -> RayFleet:
+    """Ray Serve LLM's P/D (``ray_fleet.py``): of the tiny LLaVA, the policy's application
+    with two language-model-only decode replicas, and Ray's own beside it; of the tiny
+    Qwen2-VL, the policy's with one language-model-only decode replica that takes M-RoPE
+    metadata. Seven engines, about 13 GB: every other fleet is stopped while it runs."""
 
     def start(root: Path) -> Any:
-        return ray_fleet(root, llava.path)
+        return ray_fleet(root, llava.path, qwen2vl.path)
 
     fleet: RayFleet = _shared_fleet(request, fleets, start)
     return fleet

@@ -23,11 +23,12 @@ from servers import Server, free_port, stop_all
 
 __all__ = ["RayFleet", "ray_fleet"]
 
-#: The tag Serve puts on a policy decode replica's log lines: its replica id.
-_REPLICA = re.compile(r"policy_Decode:llava (\w+) ")
+#: The tag Serve puts on a decode replica's log lines: its application, model and id.
+_REPLICA = re.compile(r"(\w+)_Decode:(\w+) (\w+) ")
 
 HERE = Path(__file__).resolve().parent
-#: Two cores deploy five engines of the tiny LLaVA in about three minutes.
+#: Two cores deploy five engines of the tiny LLaVA and two of the tiny Qwen2-VL in about
+#: four minutes.
 DEPLOY_TIMEOUT = 900.0
 
 
@@ -38,34 +39,44 @@ class RayFleet:
     url: str
     serve_logs: str
 
-    def _lines(self, marker: str) -> Iterator[tuple[str, str]]:
+    def _lines(self, marker: str, app: str) -> Iterator[tuple[str, str]]:
         # The server's lines reach its worker's stderr file, tagged with its replica id.
         for log in (Path(self.serve_logs).parent).glob("worker-*.err"):
             for line in log.read_text(errors="replace").splitlines():
                 found = _REPLICA.search(line)
-                if found and marker in line:
-                    yield found.group(1), line
+                if found and found.group(1) == app and marker in line:
+                    yield found.group(3), line
 
-    def decode_calls(self) -> Counter[str]:
-        """Requests each decode replica of the policy application served so far, by replica
+    def decode_calls(self, app: str = "policy") -> Counter[str]:
+        """Requests each decode replica of application ``app`` served so far, by replica
         id (the server logs one line a request)."""
-        return Counter(replica for replica, _ in self._lines('"outcome":"ok"'))
+        return Counter(replica for replica, _ in self._lines('"outcome":"ok"', app))
 
-    def capability_lines(self) -> dict[str, str]:
-        """What each policy decode replica said it read of its engine at start, by id."""
-        return dict(self._lines("decode replica: "))
+    def request_lines(self, app: str) -> list[str]:
+        """The request lines of ``app``'s decode replicas so far (one a request)."""
+        return [line for _, line in self._lines('"request_id":', app)]
+
+    def capability_lines(self, app: str = "policy") -> dict[str, str]:
+        """What each decode replica of ``app`` said it read of its engine at start, by id."""
+        return dict(self._lines("decode replica: ", app))
 
 
 @contextlib.contextmanager
-def ray_fleet(root: Path, model: Path, *, decode_replicas: int = 2) -> Iterator[RayFleet]:
-    """The deployment of ``model`` (``ray_stand.py``), started for the block."""
+def ray_fleet(
+    root: Path, model: Path, mrope_model: Path, *, decode_replicas: int = 2
+) -> Iterator[RayFleet]:
+    """The deployment of ``model`` (the LLaVA applications) and ``mrope_model`` (the
+    Qwen2-VL one) of ``ray_stand.py``, started for the block."""
     port = free_port()
     ready = root / "ready.json"
     spec: dict[str, Any] = {
         "model": str(model), "model_id": "llava", "transfers": str(root / "transfers"),
+        "mrope_model": str(mrope_model), "mrope_model_id": "qwen2vl",
+        "mrope_transfers": str(root / "mrope-transfers"),
         "port": port, "decode_replicas": decode_replicas, "own": True, "ready": str(ready),
     }  # fmt: skip
     (root / "transfers").mkdir()
+    (root / "mrope-transfers").mkdir()
     config = root / "stand.json"
     config.write_text(json.dumps(spec))
     server = Server("ray", [str(HERE / "ray_stand.py"), str(config)], root / "ray.log",

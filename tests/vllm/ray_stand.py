@@ -1,12 +1,16 @@
 """A Ray Serve LLM P/D deployment on this CPU, as a process of its own (the tests' peer).
 
-Run: ``python ray_stand.py CONFIG.json``. The config names the model directory, the
+Run: ``python ray_stand.py CONFIG.json``. The config names the models' directories, the
 transfer directory, the HTTP port, and the applications:
 
-- ``policy`` (route ``/``): [`build_pd_policy_app`][pd_policy_ray.builder.build_pd_policy_app]
-  with a full-vision prefill and ``decode_replicas`` language-model-only decode replicas;
+- ``policy`` (route ``/``), when ``model`` is set (the tiny LLaVA, ``model_id``):
+  [`build_pd_policy_app`][pd_policy_ray.builder.build_pd_policy_app] with a full-vision
+  prefill and ``decode_replicas`` language-model-only decode replicas;
 - ``own`` (route ``/own``), when ``own`` is true: Ray's ``build_pd_openai_app`` with the
-  same two configs (one decode replica), the path the adapter exists to replace.
+  same two configs (one decode replica), the path the adapter exists to replace;
+- ``mrope`` (route ``/mrope``), when ``mrope_model`` is set (the tiny Qwen2-VL,
+  ``mrope_model_id``): the policy's application with one full-vision prefill and one
+  language-model-only decode replica, which takes M-RoPE metadata (its own transfers).
 
 The driver starts its own Ray cluster on 127.0.0.1 (more logical CPUs than the machine
 has: every replica asks for some), writes ``{"ready": true, ...}``, with the cluster's
@@ -37,16 +41,22 @@ ENGINE: dict[str, Any] = {**ENGINE_SETTINGS, "block_size": BLOCK_SIZE}
 ENV = {k: v for k, v in BASE_ENV.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
 
 
-def llm_config(spec: dict[str, Any], role: str, *, lm_only: bool, replicas: int = 1) -> Any:
+def llm_config(
+    spec: dict[str, Any], role: str, *, lm_only: bool, replicas: int = 1, app: str = "policy"
+) -> Any:
     from ray.serve.llm import LLMConfig
 
     from pd_policy_vllm.transfer_connector import kv_transfer_config
 
-    engine = {**ENGINE, "kv_transfer_config": kv_transfer_config(role, spec["transfers"])}
+    model, model_id, transfers = (
+        (spec["mrope_model"], spec["mrope_model_id"], spec["mrope_transfers"])
+        if app == "mrope" else (spec["model"], spec["model_id"], spec["transfers"])
+    )  # fmt: skip
+    engine = {**ENGINE, "kv_transfer_config": kv_transfer_config(role, transfers)}
     if lm_only:
         engine["language_model_only"] = True
     return LLMConfig(
-        model_loading_config={"model_id": spec["model_id"], "model_source": spec["model"]},
+        model_loading_config={"model_id": model_id, "model_source": model},
         accelerator_config={"kind": "cpu"},
         engine_kwargs=engine,
         deployment_config={"num_replicas": replicas},
@@ -74,11 +84,18 @@ def main(path: str) -> None:
             http_options={"host": "127.0.0.1", "port": spec["port"]},
             logging_config={"enable_access_log": True},
         )
-        prefill = llm_config(spec, "kv_producer", lm_only=False)
-        decode = llm_config(spec, "kv_consumer", lm_only=True, replicas=spec["decode_replicas"])
-        serve.run(build_pd_policy_app(prefill, decode), name="policy", route_prefix="/",
-                  blocking=False)  # fmt: skip
-        if spec.get("own"):
+        if spec.get("model"):
+            prefill = llm_config(spec, "kv_producer", lm_only=False)
+            decode = llm_config(spec, "kv_consumer", lm_only=True,
+                                replicas=spec["decode_replicas"])  # fmt: skip
+            serve.run(build_pd_policy_app(prefill, decode), name="policy", route_prefix="/",
+                      blocking=False)  # fmt: skip
+        if spec.get("mrope_model"):
+            prefill = llm_config(spec, "kv_producer", lm_only=False, app="mrope")
+            decode = llm_config(spec, "kv_consumer", lm_only=True, app="mrope")
+            serve.run(build_pd_policy_app(prefill, decode), name="mrope", route_prefix="/mrope",
+                      blocking=False)  # fmt: skip
+        if spec.get("own") and spec.get("model"):
             own = build_pd_openai_app(
                 {"prefill_config": llm_config(spec, "kv_producer", lm_only=False),
                  "decode_config": llm_config(spec, "kv_consumer", lm_only=True)}
