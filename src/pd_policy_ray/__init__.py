@@ -12,6 +12,10 @@ carve-outs are OpenAI errors before any engine is called.
 - [`legs`][pd_policy_ray.legs], [`errors`][pd_policy_ray.errors]: the pure shaping and the
   error mapping (no Ray needed).
 - [`capability`][pd_policy_ray.capability]: a replica's capability from its engine.
+- [`PolicyPrefillServer`][pd_policy_ray.prefill.PolicyPrefillServer],
+  [`metadata`][pd_policy_ray.metadata], [`scale_out`][pd_policy_ray.scale_out]: the
+  M-RoPE metadata path (Qwen2-VL on a ``language_model_only`` decode): rendered and
+  prefilled on the prefill replica, decoded and derendered on the decode's own engine.
 
 Pinned to ``ray[serve]==2.60.0`` (the extra ``ray``): the seam is Ray's internal API.
 Importing this package does not import Ray; ``build_pd_policy_app`` and

@@ -151,12 +151,15 @@ class PolicyDecodeServer(PDDecodeServer):  # type: ignore[misc]
             return
         if self.local is None:  # a plan says the path exists only where it does
             raise InvalidConfiguration("this replica has no scale-out serving")
+        # What the decode engine was sent: the grids, never the pixels (the live tests read it).
+        sent = len(json.dumps(leg.body, separators=(",", ":")))
         first = True
         async for step, item in decode_metadata_leg(leg, self.local):
             if first:  # one line a request, as on the plain path: its first answer
                 failed = isinstance(item, ErrorResponse)
                 outcome = f"{step.value}_error" if failed else "ok"
-                self._log(request_id, route, form, outcome, item.error.code if failed else 200)
+                self._log(request_id, route, form, outcome, item.error.code if failed else 200,
+                          decode_bytes=sent)  # fmt: skip
                 first = False
             yield item
 
@@ -169,9 +172,11 @@ class PolicyDecodeServer(PDDecodeServer):  # type: ignore[misc]
             pass
         return first[0] if isinstance(first, list) else first
 
-    def _log(self, request_id: str, route: Route, form: str, outcome: str, status: int) -> None:
+    def _log(
+        self, request_id: str, route: Route, form: str, outcome: str, status: int, **extra: int
+    ) -> None:
         line = {"request_id": request_id, "route": route.value, "form": form,
-                "outcome": outcome, "status": status}  # fmt: skip
+                "outcome": outcome, "status": status, **extra}  # fmt: skip
         requests_log.info(json.dumps(line, separators=(",", ":")))
 
     async def _decode(

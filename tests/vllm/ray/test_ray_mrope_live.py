@@ -127,11 +127,20 @@ def test_the_replica_reads_itself_as_taking_m_rope_metadata(ray_pd: RayFleet) ->
     assert "supports_vision=FALSE accepts_mm_metadata=TRUE mrope=True" in line
 
 
-def test_image_requests_ran_the_metadata_path(ray_pd: RayFleet) -> None:
+def test_image_requests_ran_the_metadata_path_and_sent_decode_no_pixels(ray_pd: RayFleet) -> None:
     status, reply = ask(ray_pd, body("B", "ray-log"))
     assert status == 200, reply
-    forms = [json.loads(line.split(" -- ", 1)[1])["form"] for line in ray_pd.request_lines("mrope")]
-    assert "mrope_metadata" in forms and "identity_only" not in forms
+    lines = [json.loads(line.split(" -- ", 1)[1]) for line in ray_pd.request_lines("mrope")]
+    metadata = [line for line in lines if line["form"] == "mrope_metadata"]
+    # Every image request so far took it (text decodes as text_plus_hashes; "-" is refused).
+    forms = {line["form"] for line in lines}
+    assert metadata and forms <= {"mrope_metadata", "text_plus_hashes", "-"}, forms
+    # The image alone is a 50 KB data URL (random pixels do not compress), its pixel
+    # tensor larger still; the decode leg is the ids, the grid, the hash and the KV
+    # parameters.
+    image = len(data_url(B))
+    assert image > 40_000
+    assert all(line["decode_bytes"] < image / 4 for line in metadata), metadata
 
 
 def test_n_above_one_with_an_image_is_a_typed_400(ray_pd: RayFleet) -> None:
