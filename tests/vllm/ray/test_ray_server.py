@@ -148,7 +148,7 @@ def test_text_with_n_above_one_decodes_alone(decoded: list[Any]) -> None:
 # replica's own engine generates token-in and derenders.
 TAKES_METADATA = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE)
 RELAYED = {"transfer_id": "t"}
-RENDERED = {
+RENDERED: dict[str, Any] = {
     "request_id": "r", "token_ids": IDS, "model": "qwen2vl", "stream": False,
     "sampling_params": {"max_tokens": 4, "n": 1}, "cache_salt": None,
     "kv_transfer_params": None,
@@ -168,7 +168,8 @@ class Unary:
     """A stand-in for one method of a unary handle: records bodies, answers ``reply``."""
 
     def __init__(self, reply: Any) -> None:
-        self.reply, self.sent = reply, []
+        self.reply = reply
+        self.sent: list[Any] = []
 
     async def remote(self, body: Any) -> Any:
         self.sent.append(body)
