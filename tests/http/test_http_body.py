@@ -1,4 +1,4 @@
-"""The proxy's body reader against a real aiohttp server and client: one buffer of the
+"""The proxy's body reader against a real aiohttp server and client: its own read of the
 declared length when it can, ``request.read()`` otherwise, the same bytes either way."""
 
 from __future__ import annotations
@@ -15,11 +15,25 @@ from aiohttp import web
 from pd_policy_vllm.http.body import read_body
 
 LIMIT = 1 << 20
+READ = web.RequestKey("read", bool)
+
+
+@pytest.fixture(autouse=True)
+def _reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Which path read the body: aiohttp's read() says so in a header of the echo.
+    read = web.BaseRequest.read
+
+    async def counted(self: web.BaseRequest) -> bytes:
+        self[READ] = True
+        return await read(self)
+
+    monkeypatch.setattr(web.BaseRequest, "read", counted)
 
 
 async def _echo(request: web.Request) -> web.Response:
     body = await read_body(request, LIMIT)
-    return web.Response(body=bytes(body), headers={"X-Kind": type(body).__name__})
+    kind = "read()" if request.get(READ) else "own"
+    return web.Response(body=bytes(body), headers={"X-Kind": f"{kind} {type(body).__name__}"})
 
 
 async def _serve_and_post(**kwargs: object) -> tuple[int, str, bytes]:
@@ -45,11 +59,11 @@ def _post(**kwargs: object) -> tuple[int, str, bytes]:
 
 
 @pytest.mark.parametrize("size", [0, 1, 65536, 700_001])
-def test_a_body_of_declared_length_is_read_whole_into_one_buffer(size: int) -> None:
+def test_a_body_of_declared_length_is_read_whole_by_its_own_reader(size: int) -> None:
     data = os.urandom(size)
     status, kind, echoed = _post(data=data)
     assert (status, echoed) == (200, data)
-    assert kind == "bytearray"
+    assert kind == "own bytes"
 
 
 def test_a_chunked_body_is_read_by_aiohttp() -> None:
@@ -60,14 +74,14 @@ def test_a_chunked_body_is_read_by_aiohttp() -> None:
             yield data[start : start + 65536]
 
     status, kind, echoed = _post(data=chunks())  # runs in _post's loop
-    assert (status, echoed, kind) == (200, data, "bytes")
+    assert (status, echoed, kind) == (200, data, "read() bytes")
 
 
 def test_a_compressed_body_is_read_decompressed() -> None:
     data = b'{"messages": []}' * 1000
     headers = {"Content-Encoding": "gzip"}
     status, kind, echoed = _post(data=gzip.compress(data), headers=headers)
-    assert (status, echoed, kind) == (200, data, "bytes")
+    assert (status, echoed, kind) == (200, data, "read() bytes")
 
 
 def test_a_body_over_the_limit_is_a_413_before_it_is_read() -> None:

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from pd_policy import KvConnectorMode, PrefillKv, Support, WorkerCapability, plan_kv_handoff
@@ -164,11 +165,14 @@ def test_a_decode_that_drops_mid_stream_ends_the_stream_with_an_error_event() ->
     assert events[-1] == "[DONE]"
 
 
-def test_the_prefill_leg_is_the_clients_bytes_with_only_the_changed_members_rewritten() -> None:
+@pytest.mark.parametrize("repeat", [300, 20_000])  # one write; the image a write of its own
+def test_the_prefill_leg_is_the_clients_bytes_with_only_the_changed_members_rewritten(
+    repeat: int,
+) -> None:
     # Written as a client may write it (spaces, an escaped slash, the cap before the
     # messages): the prefill must get the messages, image included, byte for byte, and
     # a body that parses to the leg the policy builds by parsing.
-    image = "data:image/png;base64," + "iVBORw0KGgo/" * 300
+    image = "data:image/png;base64," + "iVBORw0KGgo/" * repeat
     messages = json.dumps(chat()["messages"]).replace("data:image/png;base64,AAAA", image)
     messages = messages.replace("/", "\\/")  # JSON may escape a slash
     raw = ('{"model": "m",  "max_tokens": 4, "stream": false, "messages": ' + messages
@@ -177,6 +181,7 @@ def test_the_prefill_leg_is_the_clients_bytes_with_only_the_changed_members_rewr
 
     async def prefill(request: web.Request) -> web.StreamResponse:
         received.append(await request.read())
+        assert request.content_length == len(received[-1])
         return await good_prefill()(request)
 
     status, _, _, seen = run(prefill, decode_ok, raw)

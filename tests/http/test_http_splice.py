@@ -9,6 +9,7 @@ rest as sent.
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -70,8 +71,11 @@ def test_the_spliced_prefill_leg_parses_to_the_parsed_one(
     spliced = prefill_bytes(raw, parsed, route, handoff)
     assert spliced is not None
     expected = prefill_body(parsed, route, handoff)
-    leg = codec.loads(spliced)
+    leg = codec.loads(bytes(spliced))
     assert leg == expected
+    chunks = spliced.chunks(small=64)
+    assert b"".join(chunks) == bytes(spliced)
+    assert not any(len(a) < 64 and len(b) < 64 for a, b in itertools.pairwise(chunks))
     assert list(leg) == list(expected)  # the same members in the same order
     event(f"rewritten members present: {min(len(set(body) & set(REWRITTEN)), 3)}")
     spaced = any(c in raw for c in (b" ", b"\n"))
@@ -94,14 +98,18 @@ def test_members_reads_an_object_and_nothing_else(raw: bytes) -> None:
 
 
 def test_the_media_is_the_clients_bytes_in_the_spliced_leg() -> None:
-    image = "data:image/png;base64," + "A/+z" * 1000
+    image = "data:image/png;base64," + "A/+z" * 25_000
     raw = json.dumps({"messages": [{"content": [{"image_url": {"url": image}}]}],
                       "stream": True, "max_tokens": 9}).encode()  # fmt: skip
     handoff = plan_kv_handoff(PrefillKv(KvConnectorMode.NIXL), n=1)
     spliced = prefill_bytes(raw, codec.loads(raw), Route.CHAT, handoff)
     assert spliced is not None
     start = raw.index(b'{"messages"') + 1
-    assert spliced.startswith(b"{" + raw[start : raw.index(b', "stream"')])
+    assert bytes(spliced).startswith(b"{" + raw[start : raw.index(b', "stream"')])
+    # Sent as its parts, the image is a view of the client's buffer, not a copy of it.
+    (image_part,) = [part for part in spliced.chunks() if len(part) > 100_000]
+    assert isinstance(image_part, memoryview)
+    assert image_part.obj is raw
 
 
 def test_a_body_that_is_not_an_object_of_members_is_not_spliced() -> None:

@@ -1,10 +1,10 @@
-"""Reading a client's request body into one buffer of its declared length.
+"""Reading a client's request body whole, in one copy.
 
 ``aiohttp``'s ``request.read()`` grows a ``bytearray`` chunk by chunk, then copies it
 into ``bytes``: for a body of several megabytes (a base64 image), that is about three
 copies of it, each into freshly faulted memory. A body that declares its length and
-is not compressed is read here into one buffer of that length instead: one copy. Any
-other body is read by ``request.read()``, with the server's size limit.
+is not compressed is read here as its chunks, joined once: one copy. Any other body is
+read by ``request.read()``, with the server's size limit.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ __all__ = ["MAX_BODY", "read_body"]
 MAX_BODY: Final = 256 * 2**20
 
 
-async def read_body(request: web.Request, limit: int) -> bytes | bytearray:
+async def read_body(request: web.Request, limit: int) -> bytes:
     """The whole body of ``request``.
 
     Raises ``HTTPRequestEntityTooLarge`` (413) for a body over ``limit`` bytes, as
@@ -34,15 +34,16 @@ async def read_body(request: web.Request, limit: int) -> bytes | bytearray:
         return await request.read()
     if length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
-    buffer = bytearray(length)
-    view = memoryview(buffer)
+    # The chunks joined once at the end: one copy, into memory that is never zeroed first
+    # (a bytearray of the length would be: for a 5 MB image, that pass cost a tenth of the
+    # proxy's CPU under load).
+    chunks: list[bytes] = []
     filled = 0
     while chunk := await request.content.readany():
-        end = filled + len(chunk)
-        if end > length:
+        filled += len(chunk)
+        if filled > length:
             raise MalformedRequest("the body is longer than its Content-Length", param="body")
-        view[filled:end] = chunk
-        filled = end
+        chunks.append(chunk)
     if filled != length:
         raise MalformedRequest("the body is shorter than its Content-Length", param="body")
-    return buffer
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

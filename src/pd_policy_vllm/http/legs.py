@@ -35,7 +35,7 @@ from .codec import loads, reply_fields, token_ids
 from .media import without_media
 from .request import Route
 from .scale_out import Derender
-from .splice import members, splice
+from .splice import Spliced, members, splice_parts
 from .token_ids import TokenIds
 
 __all__ = ["Leg", "PrefillReply", "decode_body", "prefill_body", "prefill_bytes", "read_prefill"]
@@ -94,15 +94,16 @@ def prefill_body(body: Mapping[str, Any], route: Route, handoff: KvHandoff) -> d
 
 def prefill_bytes(
     raw: bytes | bytearray, body: Mapping[str, Any], route: Route, handoff: KvHandoff
-) -> bytes | None:
+) -> Spliced | None:
     """[`prefill_body`][pd_policy_vllm.http.legs.prefill_body] of ``body`` written as
     ``raw`` (the client's bytes that parse to it) with only the members it changes
-    rewritten ([`splice`][pd_policy_vllm.http.splice.splice]): every other byte, the media
-    included, as the client sent it. ``None`` when ``raw`` is not an object the splice
-    can read; write ``prefill_body`` then. Raises as ``prefill_body`` does."""
+    rewritten ([`splice_parts`][pd_policy_vllm.http.splice.splice_parts]): every other
+    byte, the media included, as the client sent it. ``None`` when ``raw`` is not an
+    object the splice can read; write ``prefill_body`` then. Raises as ``prefill_body``
+    does."""
     changes, drop = _prefill_changes(body, route, handoff)
     found = members(raw)
-    return splice(raw, found, changes, drop) if found is not None else None
+    return splice_parts(raw, found, changes, drop) if found is not None else None
 
 
 def _token_ids(ids: Iterable[int]) -> TokenIds:

@@ -24,7 +24,9 @@ from .aio import aiohttp, web
 from .auth import for_url
 from .codec import dumps, loads
 from .legs import Leg
+from .payload import SplicedPayload
 from .scale_out import Derender
+from .splice import Spliced
 
 __all__ = [
     "REQUEST_ID_HEADER", "Relayed", "error_response", "post_json", "relay_decode", "unreachable",
@@ -77,14 +79,19 @@ async def post_json(
     parse: bool = True,
 ) -> Any:
     """POST ``body`` (with ``headers``: the workers' key; ``bytes`` are sent as they are,
-    anything else is written as JSON) and return the JSON answer, or its bytes unparsed
-    when not ``parse``.
+    a [`Spliced`][pd_policy_vllm.http.splice.Spliced] body part by part, anything else is
+    written as JSON) and return the JSON answer, or its bytes unparsed when not
+    ``parse``.
     Raises ``WorkerFailedToStart`` for a worker that cannot be reached (503) or answers
     with an error (its status), and a ``WorkerStreamError`` (502) for a 200 that is not
     JSON (when parsed)."""
     try:
         sent = _headers(request_id, headers, url)
-        data = body if isinstance(body, bytes) else dumps(body)
+        data: bytes | SplicedPayload
+        if isinstance(body, Spliced):
+            data = SplicedPayload(body)
+        else:
+            data = body if isinstance(body, bytes) else dumps(body)
         async with session.post(url, data=data, headers=sent) as r:
             if r.status != 200:
                 raise await _worker_error(leg, r)
