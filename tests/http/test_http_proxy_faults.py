@@ -54,7 +54,7 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
 
 async def _through_proxy(
     prefill: Handler, decode: Handler, body: bytes, seen: list[str],
-    path: str = "/v1/chat/completions",
+    path: str = "/v1/chat/completions", decode_capability: WorkerCapability = LM_ONLY,
 ) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
     """Serve the stand-ins and a proxy in front of them, send ``body``, return the answer."""
     runners = []
@@ -74,7 +74,7 @@ async def _through_proxy(
             urls.append(url)
         proxy = Proxy(
             HttpWorker(urls[0], kv=PrefillKv(KvConnectorMode.NIXL)),
-            [HttpWorker(urls[1], LM_ONLY)],
+            [HttpWorker(urls[1], decode_capability)],
             mrope=False,
         )
         runner, url = await _serve(proxy.app())
@@ -90,11 +90,14 @@ async def _through_proxy(
 
 
 def run(
-    prefill: Handler, decode: Handler, body: Any, path: str = "/v1/chat/completions"
-) -> tuple[int, dict[str, str], bytes, list[str]]:
+    prefill: Handler, decode: Handler, body: Any, path: str = "/v1/chat/completions",
+    decode_capability: WorkerCapability = LM_ONLY,
+) -> tuple[int, dict[str, str], bytes, list[str]]:  # fmt: skip
     seen: list[str] = []
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    status, headers, answer = asyncio.run(_through_proxy(prefill, decode, raw, seen, path))
+    status, headers, answer = asyncio.run(
+        _through_proxy(prefill, decode, raw, seen, path, decode_capability)
+    )
     return status, headers, answer, seen
 
 
@@ -190,6 +193,34 @@ def test_the_prefill_leg_is_the_clients_bytes_with_only_the_changed_members_rewr
     assert messages.encode() in leg  # the client's bytes, not the body written again
     handoff = plan_kv_handoff(PrefillKv(KvConnectorMode.NIXL), n=1)
     assert json.loads(leg) == prefill_body(json.loads(raw), Route.CHAT, handoff)
+
+
+@pytest.mark.parametrize("vision", [False, True])
+def test_a_long_image_reaches_each_leg_that_keeps_it_as_the_client_wrote_it(vision: bool) -> None:
+    # Kept in the client's bytes while the proxy plans (skimmed): the prefill leg, and a
+    # vision decode's leg, carry the URL byte for byte; a stripped leg carries none of it.
+    image = "data:image/png;base64," + "iVBORw0KGgoA" * 2000
+    body = chat()
+    body["messages"][0]["content"][0]["image_url"]["url"] = image
+    received: dict[str, bytes] = {}
+
+    async def prefill(request: web.Request) -> web.StreamResponse:
+        received["prefill"] = await request.read()
+        return await good_prefill()(request)
+
+    async def decode(request: web.Request) -> web.StreamResponse:
+        received["decode"] = await request.read()
+        return await decode_ok(request)
+
+    capability = WorkerCapability(Support.TRUE) if vision else LM_ONLY
+    status, _, _, seen = run(prefill, decode, body, decode_capability=capability)
+    assert (status, seen) == (200, ["prefill", "decode"])
+    quoted = json.dumps(image).encode()
+    assert quoted in received["prefill"]
+    assert (quoted in received["decode"]) is vision
+    leg = json.loads(received["decode"])
+    urls = [p["image_url"]["url"] for p in leg["messages"][0]["content"] if "image_url" in p]
+    assert urls == ([image] if vision else [])
 
 
 def test_a_responses_request_prefills_its_chat_equivalent_written_anew() -> None:

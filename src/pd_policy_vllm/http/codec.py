@@ -31,6 +31,7 @@ from typing import Annotated, Any
 
 from pd_policy import MalformedRequest
 
+from .data_url import DataUrl
 from .token_ids import TokenIds
 
 __all__ = ["ReplyFields", "canonical", "dumps", "loads", "reply_fields", "sha256_identity",
@@ -46,7 +47,8 @@ USE_MSGSPEC = msgspec is not None
 
 
 def _encode_hook(value: Any) -> Any:
-    if isinstance(value, TokenIds):
+    # Both are written as the worker or the client wrote them.
+    if isinstance(value, TokenIds | DataUrl):
         return msgspec.Raw(value.json)
     raise NotImplementedError(f"{type(value).__name__} is not JSON")
 
@@ -54,12 +56,14 @@ def _encode_hook(value: Any) -> Any:
 def _default(value: Any) -> Any:
     if isinstance(value, TokenIds):
         return list(value)
+    if isinstance(value, DataUrl):
+        return str(value)
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 if msgspec is not None:
     _ENCODER = msgspec.json.Encoder(enc_hook=_encode_hook)
-    _SORTED = msgspec.json.Encoder(order="sorted")
+    _SORTED = msgspec.json.Encoder(enc_hook=_encode_hook, order="sorted")
     _DECODER = msgspec.json.Decoder()
     _TokenIds = list[Annotated[int, msgspec.Meta(ge=0)]]
 
@@ -155,7 +159,9 @@ def canonical(value: Any) -> bytes:
             return _SORTED.encode(value)
         except (TypeError, UnicodeError, ValueError):
             pass  # e.g. a lone surrogate from a body parsed elsewhere: the stdlib's bytes
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_default
+    )
     return text.encode("utf-8", "surrogatepass")
 
 

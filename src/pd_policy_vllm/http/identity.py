@@ -36,6 +36,7 @@ from pd_policy import (
 )
 
 from .codec import canonical
+from .data_url import DataUrl
 from .media import MediaPart, media_parts
 
 __all__ = ["WorkerMedia", "part_basis", "part_identities", "request_factors", "uncached_parts"]
@@ -85,7 +86,10 @@ def request_factors(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 
 def _content_digest(part: MediaPart) -> str:
-    # A data URL's text is its bytes, base64-encoded: hashed as it is, with no decode.
+    # A data URL's text is its bytes, base64-encoded: hashed as it is, with no decode;
+    # one left in the body is hashed there, the same bytes.
+    if isinstance(part.url, DataUrl):
+        return part.url.sha256()
     raw = (
         part.url.encode("utf-8", "surrogatepass") if part.url is not None else canonical(part.data)
     )

@@ -26,6 +26,8 @@ import attrs
 
 from pd_policy import MalformedRequest, MediaFetchRules, MediaSource, Modality, check_media_url
 
+from .data_url import DataUrl
+
 __all__ = ["TEXT_PART_TYPES", "MediaPart", "media_parts", "without_media"]
 
 #: Content part types vLLM renders as text (``TEXT_PART_TYPES`` and ``tool_reference``).
@@ -66,8 +68,10 @@ class MediaPart:
     """One media item of a chat body: where it is, what it is, and where its bytes are.
 
     ``key`` is the part's key that holds its data (``image_url`` for an ``input_image``
-    too, ``input_audio``...); ``url`` its URL,
-    for a part whose data is one (``source`` then says where the URL points);
+    too, ``input_audio``...); ``url`` its URL (a
+    [`DataUrl`][pd_policy_vllm.http.data_url.DataUrl] when the body was
+    [skimmed][pd_policy_vllm.http.skim.skim]) for a part whose data is one (``source``
+    then says where the URL points);
     ``data`` the part's inline data otherwise (``None`` for a part named by its
     ``uuid`` alone). ``uuid`` is the client's, as vLLM reads it (``str(uuid)``).
     """
@@ -77,7 +81,7 @@ class MediaPart:
     modality: Modality
     key: str
     source: MediaSource
-    url: str | None = attrs.field(default=None, repr=False)
+    url: str | DataUrl | None = attrs.field(default=None, repr=False)
     data: Any = attrs.field(default=None, repr=False)
     uuid: str | None = attrs.field(default=None, repr=False)
 
@@ -108,11 +112,11 @@ def _key(part: Mapping[str, Any], where: str) -> str:
     )
 
 
-def _url(value: Any, where: str) -> str | None:
+def _url(value: Any, where: str) -> str | DataUrl | None:
     # {"url": ...} or the URL itself (vLLM's simple form); None names a cached item.
     if isinstance(value, Mapping):
         value = value.get("url")
-    if value is None or isinstance(value, str):
+    if value is None or isinstance(value, str | DataUrl):
         return value or None
     raise MalformedRequest("a media part's URL must be a string", param=where)
 
@@ -128,7 +132,8 @@ def _read(m: int, p: int, part: Mapping[str, Any], rules: MediaFetchRules) -> Me
     if url_key is not None:
         url = _url(value, where)
         if url is not None:
-            source = check_media_url(url, rules, param=where)
+            text = url.head() if isinstance(url, DataUrl) else url  # the scheme is enough
+            source = check_media_url(text, rules, param=where)
             return MediaPart(m, p, modality, url_key, source, url=url, uuid=uuid)
         value = None
     if value is None:

@@ -145,7 +145,7 @@ async def pin_remote_media(
     if not remote:
         return dict(body)
     fetched = await asyncio.gather(
-        *(fetch_media(session, p.url or "", p.modality, rules, param=p.param) for p in remote)
+        *(fetch_media(session, str(p.url or ""), p.modality, rules, param=p.param) for p in remote)
     )
     messages = list(body["messages"])
     for part, data in zip(remote, fetched, strict=True):

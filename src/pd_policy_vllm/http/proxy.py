@@ -4,8 +4,7 @@ policy applied.
 It serves ``POST /v1/chat/completions`` and ``POST /v1/completions`` through a
 prefill worker and a decode worker (and an encoder, in E/P/D) it chooses per request
 from its fleet, ``GET /v1/models``, ``GET /health`` and ``GET /metrics``, and with
-``admin`` the fleet's routes (``/admin/workers``). Built on ``aiohttp`` (client and
-server), which vLLM itself depends on.
+``admin`` the fleet's routes (``/admin/workers``). On ``aiohttp``, a vLLM dependency.
 
 Per request: the client's key is checked (when keys are set); the fleet chooses the
 members ([`choose_members`][pd_policy_vllm.http.fleet.routing.choose_members]: compatible,
@@ -55,6 +54,7 @@ from .pin import RemoteMedia
 from .relay import REQUEST_ID_HEADER, error_response, relay_decode
 from .request import Route
 from .responses import RESPONSES, chat_equivalent, responses_decode_leg
+from .skim import skim
 from .workers import HttpWorker
 
 __all__ = ["REQUEST_ID_HEADER", "Proxy"]
@@ -217,7 +217,8 @@ class Proxy:
         translate: Callable[[Leg, bool], Leg] | None = None
         try:
             raw = await read_body(request, MAX_BODY)
-            body = loads(raw)  # not an object: the plan refuses it
+            # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
+            body = skim(raw) if route is Route.CHAT and served_as is None else loads(raw)
             stream = isinstance(body, dict) and bool(body.get("stream"))
             if served_as == RESPONSES:
                 translate = functools.partial(responses_decode_leg, body)
