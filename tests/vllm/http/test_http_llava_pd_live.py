@@ -277,6 +277,27 @@ def test_refusals_are_openai_error_bodies_before_any_worker_is_called(fleet: Fle
             assert live.sent == []  # no worker was called
 
 
+def test_a_control_character_in_a_kept_data_url_is_refused_by_the_prefill(fleet: Fleet) -> None:
+    # The proxy keeps a long data URL in the client's bytes and does not look for a raw
+    # control character in it (the skim's one leniency): vLLM's parser, which gets those
+    # bytes, must refuse the request. An error, never an answer, and no decode leg.
+    raw = json.dumps(chat_body(1, "control")).encode()
+    at = raw.index(b"base64,") + 200
+    raw = raw[:at] + b"\x01" + raw[at:]
+    with pytest.raises(json.JSONDecodeError, match="control character"):
+        json.loads(raw)
+    with InProcessProxy(Proxy(fleet.prefill_worker, [fleet.decode_worker], mrope=False)) as live:
+        request = urllib.request.Request(
+            f"{live.url}/v1/chat/completions", data=raw,
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=60)
+        assert 400 <= caught.value.code < 500
+        assert "error" in json.loads(caught.value.read())
+        assert len(live.sent_to(fleet.prefill)) == 1 and live.sent_to(fleet.decode) == []
+
+
 def test_a_prefill_without_kv_parameters_is_a_502_for_an_image_and_recomputes_text(
     fleet: Fleet,
 ) -> None:
