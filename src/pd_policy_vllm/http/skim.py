@@ -12,7 +12,8 @@ its place; that small body is parsed, and each marker put back as the span. An
 unescaped quote that ``data:`` follows opens a string (in JSON a closing quote is
 followed by punctuation or whitespace), and the string runs to the next quote, since it
 holds no backslash. So a body and its small copy are the same JSON but for those
-strings, and either both parse or neither does. A marker holds a token drawn once per
+strings' contents, and the copy parses where the body does (and, but for what the cut
+does not check, below, only there). A marker holds a token drawn once per
 process, so that no client can write one. When a marker is anywhere but a media part's
 URL (a long ``data:`` text, a field of another API), the body is parsed whole instead:
 the caller always gets the body ``loads`` would give, up to the spans.
