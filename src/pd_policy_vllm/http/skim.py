@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from .codec import loads
 from .data_url import DataUrl
+from .splice import escaped
 
 __all__ = ["SKIM_LEAST", "skim"]
 
@@ -47,13 +48,6 @@ def _marker(index: int) -> str:
     return f"{_TOKEN}:{index}"
 
 
-def _escaped(raw: bytes, quote: int) -> bool:
-    slashes = 0
-    while quote - 1 - slashes >= 0 and raw[quote - 1 - slashes] == 0x5C:  # backslash
-        slashes += 1
-    return slashes % 2 == 1
-
-
 def _spans(raw: bytes, least: int) -> list[tuple[int, int]]:
     # (start, end) of each long data URL's text: the bytes between its quotes.
     spans = []
@@ -67,7 +61,7 @@ def _spans(raw: bytes, least: int) -> list[tuple[int, int]]:
             break  # unterminated: the parse will say so
         if (
             end - at - 1 >= least
-            and not _escaped(raw, at)
+            and not escaped(raw, at)
             and raw.find(b"\\", at, end) < 0
             and (ascii_body or raw[at + 1 : end].isascii())
         ):

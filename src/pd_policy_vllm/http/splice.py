@@ -24,7 +24,7 @@ import attrs
 
 from .codec import dumps
 
-__all__ = ["Member", "Spliced", "members", "splice", "splice_parts"]
+__all__ = ["Member", "Spliced", "escaped", "members", "splice", "splice_parts"]
 
 _WHITESPACE: Final = b" \t\r\n"
 #: Inside an array or object: the next byte that opens or closes one, or a string.
@@ -42,6 +42,14 @@ def _skip(raw: bytes | bytearray, at: int) -> int:
     return at
 
 
+def escaped(raw: bytes | bytearray, quote: int) -> bool:
+    """Whether the quote at ``quote`` is escaped: an odd run of backslashes before it."""
+    slashes = 0
+    while quote - 1 - slashes >= 0 and raw[quote - 1 - slashes] == 0x5C:  # backslash
+        slashes += 1
+    return slashes % 2 == 1
+
+
 def _string_end(raw: bytes | bytearray, at: int) -> int:
     """One past the string whose opening quote is at ``at``."""
     at += 1
@@ -49,10 +57,7 @@ def _string_end(raw: bytes | bytearray, at: int) -> int:
         quote = raw.find(b'"', at)
         if quote < 0:
             raise ValueError("unterminated string")
-        slashes = 0
-        while raw[quote - 1 - slashes] == 0x5C:  # backslash
-            slashes += 1
-        if slashes % 2 == 0:
+        if not escaped(raw, quote):
             return quote + 1
         at = quote + 1
 
