@@ -310,7 +310,7 @@ MUTANTS: Final = (
     Mutant(
         "the splice ends a string at an escaped quote",
         "pd_policy_vllm/http/splice.py",
-        "        if slashes % 2 == 0:",
+        "        if not escaped(raw, quote):",
         "        if True:",
         ("tests/http/test_http_splice.py",),
     ),
