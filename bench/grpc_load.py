@@ -83,7 +83,8 @@ class PrefillEngine(_Engine):
 
 class DecodeEngine(_Engine):
     """Streams ``TOKENS`` tokens, one per chunk, then the completion; takes any leg, and
-    counts the bytes of the legs it receives."""
+    counts the bytes of the legs it receives. A leg with ``stream`` off gets one
+    completion holding every token, as vLLM's servicer answers it."""
 
     def __init__(self) -> None:
         self.received_bytes = 0
@@ -92,6 +93,10 @@ class DecodeEngine(_Engine):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.GenerateResponse]:
         self.received_bytes += request.ByteSize()
+        if not request.stream:
+            done = pb.GenerateComplete(output_ids=range(TOKENS), finish_reason="length")
+            yield pb.GenerateResponse(complete=done)
+            return
         for token in range(TOKENS):
             yield pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[token]))
         done = pb.GenerateComplete(output_ids=range(TOKENS), finish_reason="length")
