@@ -63,6 +63,10 @@ SIZES: Final = {"none": 0, "100KB": 100_000, "4MB": 4_000_000}
 #: SequentialPdBytes on worker channels with gRPC's retries off (see bench/grpc_router.py).
 NO_RETRIES: Final = "SequentialPdBytes, no retries"
 ROUTERS: Final = ("SMG gateway", "SequentialPd", "SequentialPdBytes", NO_RETRIES, "pd-policy-proxy")
+#: Streamed requests, at 100 KB: every router then relays a message per token.
+STREAMED: Final = "100KB, streamed"
+STREAMED_ROUTERS: Final = ("SMG gateway", "SequentialPdBytes", NO_RETRIES)
+CASES: Final = {**dict.fromkeys(SIZES, ROUTERS), STREAMED: STREAMED_ROUTERS}
 _BYTES = "SequentialPdBytes ÷ SMG, CPU per request"
 _PROXY = "pd-policy-proxy ÷ SMG, CPU per request"
 TARGETS: Final = {
@@ -88,13 +92,15 @@ def png(size: int) -> bytes:
     return out.getvalue()
 
 
-def chat_body(model: str, size: int) -> bytes:
+def chat_body(model: str, size: int, *, stream: bool = False) -> bytes:
     content: list[dict[str, Any]] = [{"type": "text", "text": "what is in the picture?"}]
     if size:
         url = "data:image/png;base64," + base64.b64encode(png(size)).decode()
         content.insert(0, {"type": "image_url", "image_url": {"url": url}})
     body = {"model": model, "messages": [{"role": "user", "content": content}],
             "max_tokens": TOKENS}  # fmt: skip
+    if stream:
+        body["stream"] = True
     return json.dumps(body).encode()
 
 
@@ -280,9 +286,10 @@ async def _measure(model: Path, quick: bool) -> dict[str, Any]:
             proxy_url = f"http://127.0.0.1:{ports['proxy']}/v1/chat/completions"
 
             def calls(label: str) -> dict[str, Call]:
-                size = SIZES[label]
-                chat = chat_body(str(model), size)
-                wire = generate_request(size)
+                stream = label == STREAMED
+                size = SIZES["100KB" if stream else label]
+                chat = chat_body(str(model), size, stream=stream)
+                wire = generate_request(size, stream=stream)
                 return {
                     "SMG gateway": http_call(session, smg_url, chat),
                     "SequentialPd": grpc_call(channels["SequentialPd"], wire),
@@ -295,21 +302,22 @@ async def _measure(model: Path, quick: bool) -> dict[str, Any]:
             for name, call in warm.items():
                 await _until(call, name)
             results: dict[str, Any] = {}
-            for label in SIZES:
+            for label, routers in CASES.items():
                 by_size = calls(label)
-                per_round: dict[str, list[dict[str, float]]] = {n: [] for n in ROUTERS}
-                for name in ROUTERS:  # warm-up at this size
+                per_round: dict[str, list[dict[str, float]]] = {n: [] for n in routers}
+                for name in routers:  # warm-up at this size
                     await run_load(by_size[name], IN_FLIGHT, pids[name])
                 for i in range(rounds):
-                    for name in ROUTERS if i % 2 == 0 else ROUTERS[::-1]:
+                    for name in routers if i % 2 == 0 else routers[::-1]:
                         figures = await run_load(by_size[name], counts[label], pids[name])
                         per_round[name].append(figures)
                 results[label] = {
                     name: {key: statistics.median(r[key] for r in per_round[name])
                            for key in per_round[name][0]}
-                    for name in ROUTERS
+                    for name in routers
                 }  # fmt: skip
-                results[label]["hash_ms"] = _hash_ms(chat_body("m", SIZES[label]))
+                if label in SIZES:
+                    results[label]["hash_ms"] = _hash_ms(chat_body("m", SIZES[label]))
         for channel in channels.values():
             await channel.close()
     return results
@@ -325,6 +333,9 @@ def _ratios(results: dict[str, Any]) -> dict[str, float]:
         smg = cpu(label, "SMG gateway")
         out[f"SequentialPdBytes_over_smg_{label}"] = cpu(label, "SequentialPdBytes") / smg
         out[f"proxy_over_smg_{label}"] = cpu(label, "pd-policy-proxy") / smg
+    out["bytes_over_smg_streamed"] = cpu(STREAMED, "SequentialPdBytes") / cpu(
+        STREAMED, "SMG gateway"
+    )
     out["proxy_4MB_over_100KB"] = (cpu("4MB", "pd-policy-proxy") - results["4MB"]["hash_ms"]) / (
         cpu("100KB", "pd-policy-proxy") - results["100KB"]["hash_ms"]
     )
@@ -352,7 +363,9 @@ def table(results: dict[str, Any]) -> str:
         "|---|---|---:|---:|---:|---:|",
     ]
     for name in ROUTERS:
-        for label in SIZES:
+        for label, routers in CASES.items():
+            if name not in routers:
+                continue
             r = results[label][name]
             rows.append(
                 f"| {name} | {label} | {r['cpu_ms_per_request']:.2f} ms | "
@@ -365,7 +378,9 @@ def table(results: dict[str, Any]) -> str:
         rows.append(f"| {label} | {value:.2f} | {op} {goal} | {'yes' if met else 'no'} |")
     rows.append("")
     rows.append(
-        f"{results['in_flight']} requests in flight; the hash left out of the last target: "
+        f"{results['in_flight']} requests in flight, not streamed but in the streamed rows; "
+        f"streamed, SequentialPdBytes ÷ SMG is {results['ratios']['bytes_over_smg_streamed']:.2f} "
+        "(informative). The hash left out of the last target: "
         f"{results['100KB']['hash_ms']:.2f} ms at 100 KB, {results['4MB']['hash_ms']:.2f} ms "
         f"at 4 MB (SHA-256 of the data URL, timed in the driver). "
         f"{results['seconds']:.0f} s in all."
