@@ -245,6 +245,7 @@ async def _measure(model: Path, quick: bool) -> dict[str, Any]:
     http_workers = (f"http://127.0.0.1:{ports['hp']}", f"http://127.0.0.1:{ports['hd']}")
     counts = {"none": 96, "100KB": 96, "4MB": 16} if quick else {"none": 640, "100KB": 640,
                                                                  "4MB": 128}  # fmt: skip
+    counts[STREAMED] = counts["100KB"]
     rounds = 2 if quick else 3
     smg_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with contextlib.ExitStack() as stack:
