@@ -18,7 +18,9 @@ media sizes (none, 100 KB, 4 MB). What each router does per request:
   request as SMG, hashes each image, decides, sends the prefill leg (the image as
   it came) and a pixel-free decode leg with the prefill's 4096 expanded ids.
 
-Per router and size: its processes' CPU time per request (the steadiest figure on
+Every request is not streamed (SMG's gateway then sends its decode leg with
+``stream`` off), and again streamed at 100 KB for SMG and the byte routers. Per
+router and size: its processes' CPU time per request (the steadiest figure on
 two shared cores), requests per second and p99 latency, as medians over rounds that
 alternate the routers' order. The SMG gateway and the proxy pay for the text and the
 image's form they get; the gRPC routers get their requests tokenized.

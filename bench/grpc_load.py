@@ -93,12 +93,9 @@ class DecodeEngine(_Engine):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.GenerateResponse]:
         self.received_bytes += request.ByteSize()
-        if not request.stream:
-            done = pb.GenerateComplete(output_ids=range(TOKENS), finish_reason="length")
-            yield pb.GenerateResponse(complete=done)
-            return
-        for token in range(TOKENS):
-            yield pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[token]))
+        if request.stream:
+            for token in range(TOKENS):
+                yield pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[token]))
         done = pb.GenerateComplete(output_ids=range(TOKENS), finish_reason="length")
         yield pb.GenerateResponse(complete=done)
 
