@@ -324,7 +324,7 @@ def test_the_plan_names_items_under_the_chosen_prefills_own_settings(shared: boo
         fleet.add("prefill", worker, healthy=True)
     fleet.add("decode", HttpWorker("http://127.0.0.1:3", WorkerCapability(Support.FALSE)),
               healthy=True)  # fmt: skip
-    attempt = Attempt(None, {}, Metrics(), False, None)  # type: ignore[arg-type]
+    attempt = Attempt(None, None, {}, Metrics(), False, None)  # type: ignore[arg-type]
     for seed in range(8):
         body = chat(seed)
         choice = choose_members(fleet, body, Route.CHAT, mrope=False)

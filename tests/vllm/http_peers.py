@@ -174,10 +174,13 @@ class InProcessProxy(ThreadedSite):
         super().__init__()
         self.sent: list[Sent] = []
         self._chunks: dict[int, bytearray] = {}
+        # Legs go through the proxy's own client (its observers); probes, models and
+        # fetched media through its aiohttp session (a trace).
         trace = aiohttp.TraceConfig()
         trace.on_request_chunk_sent.append(self._on_chunk)
         trace.on_request_end.append(self._on_end)
         proxy_.trace_configs.append(trace)
+        proxy_.observers.append(self._on_leg)
         self._proxy = proxy_
 
     def app(self) -> web.Application:
@@ -188,11 +191,17 @@ class InProcessProxy(ThreadedSite):
 
     async def _on_end(self, session: Any, context: Any, params: Any) -> None:
         raw = bytes(self._chunks.pop(id(context), b""))
+        self.sent.append(Sent(str(params.url), self._parsed(raw)))
+
+    def _on_leg(self, url: str, raw: bytes) -> None:
+        self.sent.append(Sent(url, self._parsed(raw)))
+
+    @staticmethod
+    def _parsed(raw: bytes) -> Any:
         try:
-            body = json.loads(raw) if raw else None
+            return json.loads(raw) if raw else None
         except ValueError:  # a leg that is not JSON: a test sends one on purpose
-            body = None
-        self.sent.append(Sent(str(params.url), body))
+            return None
 
     def sent_to(self, url: str) -> list[Sent]:
         return [s for s in self.sent if s.url.startswith(url)]

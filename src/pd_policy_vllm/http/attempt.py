@@ -33,6 +33,7 @@ from pd_policy_vllm.http.plan import (
 from pd_policy_vllm.http.relay import post_json
 from pd_policy_vllm.http.request import Route
 from pd_policy_vllm.http.scale_out import GENERATE, RENDER
+from pd_policy_vllm.http.upstream import Upstream
 
 __all__ = ["Attempt", "Prepared", "remote_media_for"]
 
@@ -56,11 +57,13 @@ class Prepared:
 
 @attrs.frozen(slots=True)
 class Attempt:
-    """What every attempt of the proxy shares: its session, the workers' headers, its
+    """What every attempt of the proxy shares: its session (for remote media), its
+    client for the legs, the workers' headers, its
     metrics, whether the model uses M-RoPE, and its remote media mode (``None``: by
     each prefill's rules)."""
 
     session: aiohttp.ClientSession
+    upstream: Upstream
     headers: Mapping[str, str]
     metrics: Metrics
     mrope: bool
@@ -85,7 +88,7 @@ class Attempt:
                     request_id: str, *, parse: bool = True) -> tuple[RequestLife, Any]:  # fmt: skip
         life = begin(life, stage)
         started = time.monotonic()
-        answer = await post_json(self.session, leg, url, body, request_id, self.headers,
+        answer = await post_json(self.upstream, leg, url, body, request_id, self.headers,
                                  parse=parse)  # fmt: skip
         self.metrics.observe_leg(leg, time.monotonic() - started)
         return life, answer

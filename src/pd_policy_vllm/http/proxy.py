@@ -19,6 +19,7 @@ with the error-code header. A client that disconnects cancels both legs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -41,12 +42,13 @@ from pd_policy import (
 
 from .aio import aiohttp, web
 from .attempt import Attempt
-from .auth import Keys, for_url
+from .auth import Keys
 from .body import MAX_BODY, read_body
 from .codec import loads
 from .fleet.admin import add_admin_routes
 from .fleet.members import Fleet, Member
 from .fleet.metrics import CONTENT_TYPE, Metrics
+from .fleet.models import fleet_models
 from .fleet.probe import Probe, probing
 from .fleet.routing import Choice, choose_members
 from .legs import Leg
@@ -55,11 +57,13 @@ from .relay import REQUEST_ID_HEADER, error_response, relay_decode
 from .request import Route
 from .responses import RESPONSES, chat_equivalent, responses_decode_leg
 from .skim import skim
+from .upstream import Observer, Upstream
 from .workers import HttpWorker
 
 __all__ = ["REQUEST_ID_HEADER", "Proxy"]
 
 _SESSION: Final = web.AppKey("session", aiohttp.ClientSession)
+_UPSTREAM: Final = web.AppKey("upstream", Upstream)
 #: One line a request: its id, its members, its form and its outcome (JSON).
 requests_log: Final = logging.getLogger("pd_policy_vllm.http.requests")
 
@@ -74,9 +78,10 @@ class Proxy:
     when the chosen prefill's media rules are known, else leave it uncached).
     ``keys``: the workers' key and the clients'. ``attempts``: how many times a request
     may be tried in all. ``probe``: how the fleet is probed (``None``: not at all).
-    ``admin``: serve the fleet's routes. ``trace_configs`` go to the client session
-    (tests record the legs with one). ``log_requests``: one JSON line a request on
-    the ``pd_policy_vllm.http.requests`` logger.
+    ``admin``: serve the fleet's routes. ``trace_configs`` go to the ``aiohttp`` session
+    (probes, models, fetched media), ``observers`` to the legs' client
+    ([`Upstream`][pd_policy_vllm.http.upstream.Upstream]; tests record legs with them).
+    ``log_requests``: one JSON line a request on the ``pd_policy_vllm.http.requests`` logger.
 
     Raises ``ValueError`` without a fleet or a pair, and for ``RemoteMedia.FETCH`` with a
     prefill whose media rules are unknown (the proxy cannot tell what it would refuse).
@@ -96,6 +101,7 @@ class Proxy:
         probe: Probe | None = None,
         admin: bool = False,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        observers: Sequence[Observer] = (),
         log_requests: bool = True,
     ) -> None:
         self.metrics = Metrics()
@@ -116,6 +122,7 @@ class Proxy:
         self.keys = keys if keys is not None else Keys()
         self.attempts, self.probe, self.admin = attempts, probe, admin
         self.trace_configs = list(trace_configs)
+        self.observers = list(observers)
         self.log_requests = log_requests
         self.draining = False
 
@@ -139,12 +146,17 @@ class Proxy:
         async with aiohttp.ClientSession(
             timeout=timeout, trace_configs=self.trace_configs or None
         ) as session:
-            app[_SESSION] = session
-            if self.probe is None:
-                yield
-                return
-            async with probing(self.fleet, session, self.probe, self.keys.worker_headers()):
-                yield
+            app[_SESSION], app[_UPSTREAM] = session, Upstream(self.observers)
+            probes = (
+                contextlib.nullcontext()
+                if self.probe is None
+                else probing(self.fleet, session, self.probe, self.keys.worker_headers())
+            )
+            try:
+                async with probes:
+                    yield
+            finally:
+                app[_UPSTREAM].close()
 
     async def _drain(self, app: web.Application) -> None:
         # Shutting down: the listening socket is closed; /health says so to a balancer.
@@ -173,23 +185,7 @@ class Proxy:
         refused = self.admitted(request)
         if refused is not None:
             return refused
-        # The fleet's models: every routable prefill's, each model once.
-        seen: dict[str, Any] = {}
-        for member in self.fleet.of("prefill"):
-            try:
-                async with self.session(request).get(
-                    f"{member.worker.url}/v1/models",
-                    headers=for_url(self.keys.worker_headers(), member.worker.url),
-                ) as response:
-                    if response.status == 200:
-                        for model in (await response.json()).get("data", []):
-                            seen.setdefault(model.get("id"), model)
-            except aiohttp.ClientError:
-                continue
-        if not seen:
-            return error_response(WorkerFailedToStart("prefill", detail="no model",
-                                                      http_status=503))  # fmt: skip
-        return web.json_response({"object": "list", "data": list(seen.values())})
+        return await fleet_models(self.session(request), self.fleet, self.keys.worker_headers())
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self.serve(request, Route.CHAT)
@@ -226,8 +222,9 @@ class Proxy:
         except PolicyError as exc:
             self._log(request_id, path, None, None, exc.status, exc.code, 1, arrived)
             return error_response(exc)
-        attempt = Attempt(self.session(request), self.keys.worker_headers(), self.metrics,
-                          self.mrope, self.remote_media)  # fmt: skip
+        upstream = request.app[_UPSTREAM]
+        attempt = Attempt(self.session(request), upstream, self.keys.worker_headers(),
+                          self.metrics, self.mrope, self.remote_media)  # fmt: skip
         life = RequestLife(attempts=self.attempts)
         last: PolicyError | None = None
         while True:
@@ -244,7 +241,7 @@ class Proxy:
                     form = prepared.plan.form.value
                     life = prepared.life
                     relayed = await relay_decode(
-                        request, self.session(request), choice.decode.worker.url, prepared.leg,
+                        request, upstream, choice.decode.worker.url, prepared.leg,
                         request_id, stream=stream,
                         headers=self.keys.worker_headers(),
                     )  # fmt: skip

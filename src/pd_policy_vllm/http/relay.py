@@ -24,9 +24,9 @@ from .aio import aiohttp, web
 from .auth import for_url
 from .codec import dumps, loads
 from .legs import Leg
-from .payload import SplicedPayload
 from .scale_out import Derender
 from .splice import Spliced
+from .upstream import Response, Upstream
 
 __all__ = [
     "REQUEST_ID_HEADER", "Relayed", "error_response", "post_json", "relay_decode", "unreachable",
@@ -43,17 +43,18 @@ def error_response(error: PolicyError) -> web.Response:
     return web.json_response(error.to_body(), status=error.status, headers=error.headers())
 
 
-async def _worker_error(leg: str, response: aiohttp.ClientResponse) -> WorkerFailedToStart:
+async def _worker_error(leg: str, response: Response) -> WorkerFailedToStart:
     if response.status in (401, 403):
         # The router's own credentials were refused: the client's are not in question,
         # so it is told of a bad gateway, not that it is unauthorized.
         return WorkerFailedToStart(leg, detail=f"the worker refused the router's credentials "
                                    f"({response.status})", http_status=502)  # fmt: skip
     # The worker's own message (vLLM's OpenAI error body), without its request body.
+    raw = await response.read()
     try:
-        detail = str((await response.json())["error"]["message"])
+        detail = str(loads(raw, what="the worker's error")["error"]["message"])
     except Exception:
-        detail = (await response.text())[:500]
+        detail = raw[:500].decode("utf-8", "replace")
     return WorkerFailedToStart(leg, detail=detail, http_status=response.status)
 
 
@@ -69,7 +70,7 @@ def unreachable(leg: str, exc: BaseException) -> WorkerFailedToStart:
 
 
 async def post_json(
-    session: aiohttp.ClientSession,
+    upstream: Upstream,
     leg: str,
     url: str,
     body: Any,
@@ -87,12 +88,12 @@ async def post_json(
     JSON (when parsed)."""
     try:
         sent = _headers(request_id, headers, url)
-        data: bytes | SplicedPayload
+        data: bytes | list[bytes | memoryview]
         if isinstance(body, Spliced):
-            data = SplicedPayload(body)
+            data = body.chunks()
         else:
             data = body if isinstance(body, bytes) else dumps(body)
-        async with session.post(url, data=data, headers=sent) as r:
+        async with await upstream.post(url, data, sent) as r:
             if r.status != 200:
                 raise await _worker_error(leg, r)
             raw = await r.read()
@@ -109,19 +110,25 @@ def _json(raw: bytes, leg: str, what: str) -> Any:
         raise WorkerStreamError(leg, detail=exc.message, http_status=502) from None
 
 
-async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+async def _events(response: Response) -> AsyncIterator[bytes]:
     # One server-sent event's data per item; vLLM sends one "data: ..." line per event.
-    async for line in response.content:
-        line = line.strip()
-        if line.startswith(b"data:"):
-            yield line[5:].strip()
+    rest = b""
+    async for piece in response:
+        *lines, rest = (rest + piece).split(b"\n")
+        for line in lines:
+            line = line.strip()
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
+    line = rest.strip()
+    if line.startswith(b"data:"):
+        yield line[5:].strip()
 
 
 async def _derendered(
-    session: aiohttp.ClientSession,
+    upstream: Upstream,
     url: str,
     derender: Derender,
-    up: aiohttp.ClientResponse,
+    up: Response,
     request_id: str,
     headers: Mapping[str, str] | None,
 ) -> AsyncIterator[bytes]:
@@ -132,7 +139,7 @@ async def _derendered(
             break
         chunk = _json(data, "decode", "a decode event")
         answer = await post_json(
-            session, "decode", url + derender.route, derender.chunk(chunk, state), request_id,
+            upstream, "decode", url + derender.route, derender.chunk(chunk, state), request_id,
             headers,
         )  # fmt: skip
         if not isinstance(answer, dict) or "chunk" not in answer:
@@ -157,7 +164,7 @@ class Relayed:
 
 async def relay_decode(
     request: web.Request,
-    session: aiohttp.ClientSession,
+    upstream: Upstream,
     url: str,
     leg: Leg,
     request_id: str,
@@ -176,8 +183,8 @@ async def relay_decode(
     out: web.StreamResponse | None = None
     data = dumps(leg.body)
     try:
-        async with session.post(
-            url + leg.route, data=data, headers=_headers(request_id, headers, url)
+        async with await upstream.post(
+            url + leg.route, data, _headers(request_id, headers, url)
         ) as up:
             if up.status != 200:
                 raise await _worker_error("decode", up)
@@ -186,7 +193,7 @@ async def relay_decode(
                 if leg.derender is not None:
                     whole = leg.derender.whole(_json(raw, "decode", "the decode response"))
                     answer = await post_json(
-                        session, "decode", url + leg.derender.route, whole, request_id, headers
+                        upstream, "decode", url + leg.derender.route, whole, request_id, headers
                     )
                     raw = dumps(leg.derender.with_prompt_ids(answer))
                 # The worker's answer is the client's, byte for byte: no parse, no dump.
@@ -196,10 +203,10 @@ async def relay_decode(
             await out.prepare(request)
             first = time.monotonic()
             if leg.derender is None:
-                async for piece in up.content.iter_any():
+                async for piece in up:
                     await out.write(piece)
             else:
-                events = _derendered(session, url, leg.derender, up, request_id, headers)
+                events = _derendered(upstream, url, leg.derender, up, request_id, headers)
                 async for event in events:
                     await out.write(b"data: " + event + b"\n\n")
     except (aiohttp.ClientError, PolicyError) as exc:

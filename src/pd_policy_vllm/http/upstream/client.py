@@ -1,0 +1,188 @@
+"""POSTs to workers on kept-alive connections, one pool of them per worker origin.
+
+What a leg needs and nothing else: the worker's URL (``http`` or ``https``; an IPv6
+literal kept whole; credentials in it sent as Basic auth, as ``aiohttp`` does), the
+leg's headers, and its body as parts written in order, so a spliced prefill leg goes
+from the client's buffer to the socket without being joined first.
+
+A connection idle in the pool may have been closed by the worker (uvicorn closes
+idle ones after 5 s). A request on a reused connection that fails before any byte of
+an answer came back is sent again once, on a new connection: the worker closed the
+connection without reading the request, so it cannot have run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ssl
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Final
+from urllib.parse import unquote, urlsplit
+
+from .connection import Connection, Head
+from .errors import UpstreamDisconnected, UpstreamUnreachable
+
+__all__ = ["Observer", "Response", "Upstream"]
+
+#: Called with each leg's URL and body as it is sent (tests record legs with it).
+Observer = Callable[[str, bytes], None]
+
+#: Idle connections older than this are closed, not reused: under uvicorn's 5 s.
+_IDLE_SECONDS: Final = 4.0
+_CONNECT_SECONDS: Final = 30.0
+_CACHED_URLS: Final = 4096
+
+
+class _Target:
+    """A URL, parsed once: where to connect, and the head's first lines for it."""
+
+    __slots__ = ("authorization", "host", "origin", "port", "prefix", "tls")
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("a worker URL is http:// or https:// with a host")
+        self.tls = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.tls else 80)
+        self.origin = (parts.scheme, self.host, self.port)
+        name = f"[{self.host}]" if ":" in self.host else self.host
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.prefix = f"POST {path} HTTP/1.1\r\nHost: {name}:{self.port}\r\n".encode("latin-1")
+        self.authorization: str | None = None
+        if parts.username is not None:
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            self.authorization = "Basic " + base64.b64encode(pair.encode()).decode()
+
+
+class Response:
+    """A worker's answer: its status and content type, then its body, read whole or piece
+    by piece. Used as an async context manager, which gives the connection back to its
+    pool when the body was read to its end, and closes it otherwise."""
+
+    __slots__ = ("_connection", "_pool", "_upstream", "content_type", "status")
+
+    def __init__(self, upstream: Upstream, pool: list[tuple[float, Connection]],
+                 connection: Connection, head: Head) -> None:  # fmt: skip
+        self._upstream, self._pool, self._connection = upstream, pool, connection
+        self.status = head.status
+        self.content_type = head.content_type
+
+    async def read(self) -> bytes:
+        """The whole body (what is left of it)."""
+        return await self._connection.read_all()
+
+    def __aiter__(self) -> Response:
+        return self
+
+    async def __anext__(self) -> bytes:
+        piece = await self._connection.read()
+        if not piece:
+            raise StopAsyncIteration
+        return piece
+
+    async def __aenter__(self) -> Response:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:  # fmt: skip
+        connection = self._connection
+        if kind is None and connection.reusable and not self._upstream.closed:
+            self._pool.append((time.monotonic(), connection))
+        else:
+            connection.close()
+
+
+class Upstream:
+    """The pools of connections to every worker; closed with ``close``."""
+
+    def __init__(self, observers: Sequence[Observer] = ()) -> None:
+        self.observers = list(observers)
+        self.closed = False
+        self._pools: dict[tuple[str, str, int], list[tuple[float, Connection]]] = {}
+        self._targets: dict[str, _Target] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    def _target(self, url: str) -> _Target:
+        target = self._targets.get(url)
+        if target is None:
+            if len(self._targets) >= _CACHED_URLS:
+                self._targets.clear()
+            target = self._targets[url] = _Target(url)
+        return target
+
+    async def _connect(self, target: _Target) -> Connection:
+        loop = asyncio.get_running_loop()
+        tls: ssl.SSLContext | None = None
+        if target.tls:
+            tls = self._tls = self._tls or ssl.create_default_context()
+        try:
+            _, connection = await asyncio.wait_for(
+                loop.create_connection(Connection, target.host, target.port, ssl=tls),
+                _CONNECT_SECONDS,
+            )
+        except (TimeoutError, OSError) as exc:
+            raise UpstreamUnreachable(f"no connection ({type(exc).__name__})") from None
+        return connection
+
+    def _idle(self, pool: list[tuple[float, Connection]]) -> Connection | None:
+        now = time.monotonic()
+        while pool:
+            since, connection = pool.pop()
+            if now - since < _IDLE_SECONDS and connection.reusable:
+                return connection
+            connection.close()
+        return None
+
+    async def post(self, url: str, body: Sequence[bytes | memoryview] | bytes,
+                   headers: Mapping[str, str]) -> Response:  # fmt: skip
+        """POST ``body`` (bytes, or parts sent in order) with ``headers`` to ``url``, and
+        return the worker's answer once its head has come back. Raises
+        ``UpstreamUnreachable`` when no connection can be made, ``UpstreamDisconnected``
+        or ``UpstreamProtocolError`` when the worker fails before its head is whole,
+        ``ValueError`` for a URL that is not ``http``/``https``."""
+        if self.closed:
+            raise UpstreamUnreachable("the proxy's client is closed")
+        target = self._target(url)
+        parts: Sequence[bytes | memoryview] = [body] if isinstance(body, bytes) else body
+        size = sum(len(p) for p in parts)
+        lines = [target.prefix]
+        if target.authorization is not None:
+            lines.append(f"Authorization: {target.authorization}\r\n".encode("latin-1"))
+        for name, value in headers.items():
+            if target.authorization is None or name.lower() != "authorization":
+                lines.append(f"{name}: {value}\r\n".encode("latin-1"))
+        lines.append(f"Content-Length: {size}\r\n\r\n".encode("latin-1"))
+        head = b"".join(lines)
+        for observer in self.observers:
+            observer(url, b"".join(parts))
+        pool = self._pools.setdefault(target.origin, [])
+        connection = self._idle(pool)
+        reused = connection is not None
+        while True:
+            if connection is None:
+                connection = await self._connect(target)
+            connection.request(head, parts)
+            try:
+                answer = await connection.head()
+            except UpstreamDisconnected:
+                connection.close()
+                if not reused or connection.heard:
+                    raise
+                connection, reused = None, False
+                continue
+            except BaseException:
+                connection.close()
+                raise
+            return Response(self, pool, connection, answer)
+
+    def close(self) -> None:
+        """Close every pooled connection; later posts raise ``UpstreamUnreachable``."""
+        self.closed = True
+        for pool in self._pools.values():
+            for _, connection in pool:
+                connection.close()
+        self._pools.clear()
