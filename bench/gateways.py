@@ -133,22 +133,24 @@ def generate_request(size: int, *, stream: bool = False) -> bytes:
 
 def _descendants(pid: int) -> list[int]:
     out = [pid]
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children = (task / "children").read_text().split()
-        for child in children:
-            out += _descendants(int(child))
+    with contextlib.suppress(FileNotFoundError):  # a thread or process that just ended
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                for child in (task / "children").read_text().split():
+                    out += _descendants(int(child))
     return out
 
 
-def cpu_seconds(pid: int, *, kernel_only: bool = False) -> float:
-    """User and system CPU of ``pid`` and every process under it (system alone when
-    ``kernel_only``)."""
-    total = 0
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU of ``pid`` and every process under it, and the system part."""
+    total = kernel = 0
     for p in _descendants(pid):
         with contextlib.suppress(FileNotFoundError), open(f"/proc/{p}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
-            total += int(fields[12]) + (0 if kernel_only else int(fields[11]))
-    return total / os.sysconf("SC_CLK_TCK")
+            total += int(fields[11]) + int(fields[12])
+            kernel += int(fields[12])
+    tick = os.sysconf("SC_CLK_TCK")
+    return total / tick, kernel / tick
 
 
 # --- load --------------------------------------------------------------------------
@@ -195,14 +197,10 @@ async def run_load(call: Call, requests: int, pid: int) -> dict[str, float]:
             latencies.append(time.perf_counter() - start)
             failed += not ok
 
-    before, kernel, began = (
-        cpu_seconds(pid),
-        cpu_seconds(pid, kernel_only=True),
-        time.perf_counter(),
-    )
+    (before, kernel_before), began = cpu_times(pid), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
-    wall, cpu = time.perf_counter() - began, cpu_seconds(pid) - before
-    kernel = cpu_seconds(pid, kernel_only=True) - kernel
+    wall, (after, kernel_after) = time.perf_counter() - began, cpu_times(pid)
+    cpu, kernel = after - before, kernel_after - kernel_before
     return {"cpu_ms_per_request": cpu / requests * 1e3, "requests_per_second": requests / wall,
             "kernel_ms_per_request": kernel / requests * 1e3,
             "p99_ms": percentile(latencies, 0.99) * 1e3, "failed": failed}  # fmt: skip
