@@ -265,6 +265,27 @@ def test_credentials_in_the_url_are_basic_auth_and_replace_the_workers_key() -> 
     _run(test)
 
 
+def test_a_header_goes_on_as_the_bytes_it_came_in_and_a_line_break_is_refused() -> None:
+    async def test() -> None:
+        seen: list[CIMultiDict[str]] = []
+        runner, port = await _site(_echo_app([], seen))
+        upstream = Upstream()
+        # How aiohttp's server hands on a request id of non-UTF-8 bytes.
+        request_id = b"r\xe9-\xff".decode("utf-8", "surrogateescape")
+        try:
+            url = f"http://127.0.0.1:{port}/echo"
+            async with await upstream.post(url, b"x", {"X-Request-Id": request_id}) as r:
+                assert await r.read() == b"x"
+            with pytest.raises(ValueError, match="line break"):
+                await upstream.post(url, b"x", {"X-Request-Id": "a\r\nX-Injected: 1"})
+        finally:
+            upstream.close()
+            await runner.cleanup()
+        assert seen[0]["X-Request-Id"] == request_id and len(seen) == 1
+
+    _run(test)
+
+
 def test_an_ipv6_literal_url_reaches_its_worker() -> None:
     async def test() -> None:
         seen: list[CIMultiDict[str]] = []
@@ -302,10 +323,12 @@ def test_a_worker_that_is_not_listening_is_unreachable_not_disconnected() -> Non
     _run(test)
 
 
-def test_a_url_that_is_not_http_is_refused_before_any_connection() -> None:
+def test_a_url_that_is_not_http_is_unreachable_and_not_quoted() -> None:
     async def test() -> None:
-        with pytest.raises(ValueError, match="http"):
-            await Upstream().post("ftp://127.0.0.1/x", b"", {})
+        for url in ("ftp://key@127.0.0.1/x", "127.0.0.1:8000", "http:///x"):
+            with pytest.raises(UpstreamUnreachable, match="http") as caught:
+                await Upstream().post(url, b"", {})
+            assert "127.0.0.1" not in str(caught.value) and "key" not in str(caught.value)
 
     _run(test)
 

@@ -44,14 +44,16 @@ class _Target:
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("a worker URL is http:// or https:// with a host")
+            # Unreachable, as aiohttp's InvalidURL is a client error: the leg is tried on
+            # another worker, and the message does not quote the URL (it may hold a key).
+            raise UpstreamUnreachable("a worker URL is http:// or https:// with a host")
         self.tls = parts.scheme == "https"
         self.host = parts.hostname
         self.port = parts.port or (443 if self.tls else 80)
         self.origin = (parts.scheme, self.host, self.port)
         name = f"[{self.host}]" if ":" in self.host else self.host
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self.prefix = f"POST {path} HTTP/1.1\r\nHost: {name}:{self.port}\r\n".encode("latin-1")
+        self.prefix = f"POST {path} HTTP/1.1\r\nHost: {name}:{self.port}\r\n".encode()
         self.authorization: str | None = None
         if parts.username is not None:
             pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
@@ -142,8 +144,9 @@ class Upstream:
         """POST ``body`` (bytes, or parts sent in order) with ``headers`` to ``url``, and
         return the worker's answer once its head has come back. Raises
         ``UpstreamUnreachable`` when no connection can be made, ``UpstreamDisconnected``
-        or ``UpstreamProtocolError`` when the worker fails before its head is whole,
-        ``ValueError`` for a URL that is not ``http``/``https``."""
+        or ``UpstreamProtocolError`` when the worker fails before its head is whole
+        (``UpstreamUnreachable`` too for a URL that is not ``http``/``https``), and
+        ``ValueError`` for a header that holds a line break."""
         if self.closed:
             raise UpstreamUnreachable("the proxy's client is closed")
         target = self._target(url)
@@ -154,7 +157,12 @@ class Upstream:
             lines.append(f"Authorization: {target.authorization}\r\n".encode("latin-1"))
         for name, value in headers.items():
             if target.authorization is None or name.lower() != "authorization":
-                lines.append(f"{name}: {value}\r\n".encode("latin-1"))
+                # As aiohttp's server read them (UTF-8, undecodable bytes escaped): a
+                # client's request id goes on as the client's bytes. A line break would
+                # be a header of the caller's making: refused, as aiohttp's client does.
+                if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+                    raise ValueError("a header of a leg holds a line break")
+                lines.append(f"{name}: {value}\r\n".encode("utf-8", "surrogateescape"))
         lines.append(f"Content-Length: {size}\r\n\r\n".encode("latin-1"))
         head = b"".join(lines)
         for observer in self.observers:
