@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import itertools
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -447,3 +450,61 @@ def test_leaving_an_answer_unread_closes_its_connection() -> None:
         server.close()
 
     _run(test)
+
+
+def _certificate(directory: Path) -> tuple[Path, Path]:
+    # A self-signed certificate for 127.0.0.1, made here: no network, no openssl binary.
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pd-policy test worker")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert, private = directory / "cert.pem", directory / "key.pem"
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))  # fmt: skip
+    return cert, private
+
+
+def test_an_https_worker_is_called_over_tls_and_its_certificate_is_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = _certificate(tmp_path)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+
+    async def call(trusted: bool) -> bytes:
+        app = _echo_app([], [])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=served).start()
+        port = int(runner.addresses[0][1])
+        if trusted:  # the system's trust, with this worker's certificate as its store
+            monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        upstream = Upstream()
+        try:
+            async with await upstream.post(f"https://127.0.0.1:{port}/echo", b"tls", {}) as r:
+                return await r.read()
+        finally:
+            upstream.close()
+            await runner.cleanup()
+
+    with pytest.raises(UpstreamUnreachable):  # an untrusted certificate: no leg is sent
+        asyncio.run(call(trusted=False))
+    assert asyncio.run(call(trusted=True)) == b"tls"
