@@ -61,17 +61,16 @@ class _Target:
 
 
 class Response:
-    """A worker's answer: its status and content type, then its body, read whole or piece
+    """A worker's answer: its status, then its body, read whole or piece
     by piece. Used as an async context manager, which gives the connection back to its
     pool when the body was read to its end, and closes it otherwise."""
 
-    __slots__ = ("_connection", "_pool", "_upstream", "content_type", "status")
+    __slots__ = ("_connection", "_pool", "_upstream", "status")
 
     def __init__(self, upstream: Upstream, pool: list[tuple[float, Connection]],
                  connection: Connection, head: Head) -> None:  # fmt: skip
         self._upstream, self._pool, self._connection = upstream, pool, connection
         self.status = head.status
-        self.content_type = head.content_type
 
     async def read(self) -> bytes:
         """The whole body (what is left of it)."""

@@ -33,15 +33,13 @@ _SMALL: Final = 64 * 1024
 class Head:
     """A response's status line and the headers this client acts on."""
 
-    __slots__ = ("chunked", "close", "content_type", "length", "status")
+    __slots__ = ("chunked", "close", "length", "status")
 
-    def __init__(self, status: int, length: int | None, chunked: bool, close: bool,
-                 content_type: str) -> None:  # fmt: skip
+    def __init__(self, status: int, length: int | None, chunked: bool, close: bool) -> None:
         self.status = status
         self.length = length
         self.chunked = chunked
         self.close = close
-        self.content_type = content_type
 
 
 def _parse_head(raw: bytes) -> Head:
@@ -52,7 +50,6 @@ def _parse_head(raw: bytes) -> Head:
     length: int | None = None
     chunked = False
     close = parts[0] == b"HTTP/1.0"
-    content_type = ""
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if not sep:
@@ -68,12 +65,10 @@ def _parse_head(raw: bytes) -> Head:
         elif key == b"connection":
             lowered = value.lower()
             close = b"close" in lowered or (close and b"keep-alive" not in lowered)
-        elif key == b"content-type":
-            content_type = value.decode("latin-1")
     status = int(parts[1])
     if status in (204, 304):  # never a body, whatever the headers say
         length, chunked = 0, False
-    return Head(status, None if chunked else length, chunked, close, content_type)
+    return Head(status, None if chunked else length, chunked, close)
 
 
 class Connection(asyncio.Protocol):
