@@ -26,10 +26,11 @@ from .codec import dumps, loads
 from .legs import Leg
 from .scale_out import Derender
 from .splice import Spliced
-from .upstream import Response, Upstream
+from .upstream import Response, Upstream, UpstreamTimeout
 
 __all__ = [
-    "REQUEST_ID_HEADER", "Relayed", "error_response", "post_json", "relay_decode", "unreachable",
+    "REQUEST_ID_HEADER", "Relayed", "error_response", "failed_leg", "post_json", "relay_decode",
+    "unreachable",
 ]  # fmt: skip
 
 #: The header vLLM takes a request's id from; every leg of a request carries the same.
@@ -69,6 +70,18 @@ def unreachable(leg: str, exc: BaseException) -> WorkerFailedToStart:
                                f"({type(exc).__name__})", http_status=503)  # fmt: skip
 
 
+def failed_leg(leg: str, exc: aiohttp.ClientError) -> WorkerFailedToStart:
+    """The error of a leg whose call to its worker raised ``exc``: a 504 for a worker
+    silent past the read timeout, a 502 for one that broke its answer (bad framing,
+    over a cap, closed mid-answer), and a 503 for one that could not be reached."""
+    if isinstance(exc, UpstreamTimeout):
+        return WorkerFailedToStart(leg, detail=str(exc), http_status=504)
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return WorkerFailedToStart(leg, detail=f"the worker's answer failed ({exc})",
+                                   http_status=502)  # fmt: skip
+    return unreachable(leg, exc)
+
+
 async def post_json(
     upstream: Upstream,
     leg: str,
@@ -98,7 +111,7 @@ async def post_json(
                 raise await _worker_error(leg, r)
             raw = await r.read()
     except aiohttp.ClientError as exc:
-        raise unreachable(leg, exc) from exc
+        raise failed_leg(leg, exc) from exc
     return _json(raw, leg, f"the {leg} response") if parse else raw
 
 
@@ -213,13 +226,14 @@ async def relay_decode(
         error = (
             exc
             if isinstance(exc, PolicyError)
-            else WorkerStreamError("decode", detail=type(exc).__name__, http_status=502)
-        )
+            else WorkerStreamError("decode", detail=type(exc).__name__,
+                                   http_status=504 if isinstance(exc, UpstreamTimeout) else 502)
+        )  # fmt: skip
         if out is None:
-            if isinstance(exc, aiohttp.ClientConnectionError) and not isinstance(
+            if isinstance(exc, aiohttp.ClientError) and not isinstance(
                 exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError
             ):  # fmt: skip
-                raise unreachable("decode", exc) from exc
+                raise failed_leg("decode", exc) from exc
             raise error from exc
         await out.write(b"data: " + dumps(error.to_body()) + b"\n\ndata: [DONE]\n\n")
         await out.write_eof()

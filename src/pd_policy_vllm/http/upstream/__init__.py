@@ -1,11 +1,18 @@
 """The proxy's client for its workers' legs: HTTP/1.1 POSTs on kept-alive connections
 ([`client`][pd_policy_vllm.http.upstream.client]), one protocol per connection
-([`connection`][pd_policy_vllm.http.upstream.connection])."""
+([`connection`][pd_policy_vllm.http.upstream.connection]), within bounds
+([`limits`][pd_policy_vllm.http.upstream.limits])."""
 
 from .client import Observer, Response, Upstream
-from .errors import UpstreamDisconnected, UpstreamProtocolError, UpstreamUnreachable
+from .errors import (
+    UpstreamDisconnected,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from .limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
-    "Observer", "Response", "Upstream", "UpstreamDisconnected", "UpstreamProtocolError",
-    "UpstreamUnreachable",
+    "DEFAULT_LIMITS", "Limits", "Observer", "Response", "Upstream", "UpstreamDisconnected",
+    "UpstreamProtocolError", "UpstreamTimeout", "UpstreamUnreachable",
 ]  # fmt: skip

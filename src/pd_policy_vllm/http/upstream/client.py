@@ -5,6 +5,11 @@ literal kept whole; credentials in it sent as Basic auth, as ``aiohttp`` does), 
 leg's headers, and its body as parts written in order, so a spliced prefill leg goes
 from the client's buffer to the socket without being joined first.
 
+A worker takes at most ``max_connections`` legs at once from this client (see
+[`Limits`][pd_policy_vllm.http.upstream.limits.Limits]); a leg past it waits, in
+order, for one to end, and fails as unreachable if none does within the queue
+timeout. A leg holds its slot from ``post`` until its response is closed.
+
 A connection idle in the pool may have been closed by the worker (uvicorn closes
 idle ones after 5 s). A request on a reused connection that fails before any byte of
 an answer came back is sent again once, on a new connection: the worker closed the
@@ -15,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ssl
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Final
@@ -24,6 +31,7 @@ from urllib.parse import unquote, urlsplit
 
 from .connection import Connection, Head
 from .errors import UpstreamDisconnected, UpstreamUnreachable
+from .limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["Observer", "Response", "Upstream"]
 
@@ -32,7 +40,6 @@ Observer = Callable[[str, bytes], None]
 
 #: Idle connections older than this are closed, not reused: under uvicorn's 5 s.
 _IDLE_SECONDS: Final = 4.0
-_CONNECT_SECONDS: Final = 30.0
 _CACHED_URLS: Final = 4096
 
 
@@ -60,6 +67,50 @@ class _Target:
             self.authorization = "Basic " + base64.b64encode(pair.encode()).decode()
 
 
+class _Pool:
+    """One worker origin's idle connections, and the slots of the legs it is serving."""
+
+    __slots__ = ("busy", "idle", "waiters")
+
+    def __init__(self) -> None:
+        self.idle: list[tuple[float, Connection]] = []
+        self.busy = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    async def take(self, limits: Limits) -> None:
+        if self.busy < limits.max_connections and not self.waiters:
+            self.busy += 1
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self.waiters.append(waiter)
+        timer = loop.call_later(limits.queue_timeout, _expire, waiter)
+        try:
+            await waiter  # the slot is handed over by ``give``, ``busy`` unchanged
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self.give()  # handed a slot as it was cancelled: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self.waiters.remove(waiter)
+            raise
+        finally:
+            timer.cancel()
+
+    def give(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.busy -= 1
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(UpstreamUnreachable("the worker's connections are all in use"))
+
+
 class Response:
     """A worker's answer: its status, then its body, read whole or piece
     by piece. Used as an async context manager, which gives the connection back to its
@@ -67,8 +118,8 @@ class Response:
 
     __slots__ = ("_connection", "_pool", "_upstream", "status")
 
-    def __init__(self, upstream: Upstream, pool: list[tuple[float, Connection]],
-                 connection: Connection, head: Head) -> None:  # fmt: skip
+    def __init__(self, upstream: Upstream, pool: _Pool, connection: Connection,
+                 head: Head) -> None:  # fmt: skip
         self._upstream, self._pool, self._connection = upstream, pool, connection
         self.status = head.status
 
@@ -92,18 +143,20 @@ class Response:
                         tb: TracebackType | None) -> None:  # fmt: skip
         connection = self._connection
         if kind is None and connection.reusable and not self._upstream.closed:
-            self._pool.append((time.monotonic(), connection))
+            self._pool.idle.append((time.monotonic(), connection))
         else:
             connection.close()
+        self._pool.give()
 
 
 class Upstream:
     """The pools of connections to every worker; closed with ``close``."""
 
-    def __init__(self, observers: Sequence[Observer] = ()) -> None:
+    def __init__(self, observers: Sequence[Observer] = (), limits: Limits = DEFAULT_LIMITS) -> None:
         self.observers = list(observers)
+        self.limits = limits
         self.closed = False
-        self._pools: dict[tuple[str, str, int], list[tuple[float, Connection]]] = {}
+        self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._targets: dict[str, _Target] = {}
         self._tls: ssl.SSLContext | None = None
 
@@ -120,19 +173,22 @@ class Upstream:
         tls: ssl.SSLContext | None = None
         if target.tls:
             tls = self._tls = self._tls or ssl.create_default_context()
+        limits = self.limits
         try:
             _, connection = await asyncio.wait_for(
-                loop.create_connection(Connection, target.host, target.port, ssl=tls),
-                _CONNECT_SECONDS,
-            )
+                loop.create_connection(lambda: Connection(limits), target.host, target.port,
+                                       ssl=tls),
+                limits.connect_timeout,
+            )  # fmt: skip
         except (TimeoutError, OSError) as exc:
             raise UpstreamUnreachable(f"no connection ({type(exc).__name__})") from None
         return connection
 
-    def _idle(self, pool: list[tuple[float, Connection]]) -> Connection | None:
+    def _idle(self, pool: _Pool) -> Connection | None:
         now = time.monotonic()
-        while pool:
-            since, connection = pool.pop()
+        idle = pool.idle
+        while idle:
+            since, connection = idle.pop()
             if now - since < _IDLE_SECONDS and connection.reusable:
                 return connection
             connection.close()
@@ -144,8 +200,10 @@ class Upstream:
         return the worker's answer once its head has come back. Raises
         ``UpstreamUnreachable`` when no connection can be made, ``UpstreamDisconnected``
         or ``UpstreamProtocolError`` when the worker fails before its head is whole
-        (``UpstreamUnreachable`` too for a URL that is not ``http``/``https``), and
-        ``ValueError`` for a header that holds a line break."""
+        (``UpstreamUnreachable`` too for a URL that is not ``http``/``https``, and when
+        no connection to the worker frees within the queue timeout), ``UpstreamTimeout``
+        when the head does not come within the read timeout, and ``ValueError`` for a
+        header that holds a line break."""
         if self.closed:
             raise UpstreamUnreachable("the proxy's client is closed")
         target = self._target(url)
@@ -166,7 +224,18 @@ class Upstream:
         head = b"".join(lines)
         for observer in self.observers:
             observer(url, b"".join(parts))
-        pool = self._pools.setdefault(target.origin, [])
+        pool = self._pools.get(target.origin)
+        if pool is None:
+            pool = self._pools[target.origin] = _Pool()
+        await pool.take(self.limits)
+        try:
+            return await self._send(target, pool, head, parts)
+        except BaseException:
+            pool.give()
+            raise
+
+    async def _send(self, target: _Target, pool: _Pool, head: bytes,
+                    parts: Sequence[bytes | memoryview]) -> Response:  # fmt: skip
         connection = self._idle(pool)
         reused = connection is not None
         while True:
@@ -190,6 +259,6 @@ class Upstream:
         """Close every pooled connection; later posts raise ``UpstreamUnreachable``."""
         self.closed = True
         for pool in self._pools.values():
-            for _, connection in pool:
+            for _, connection in pool.idle:
                 connection.close()
         self._pools.clear()

@@ -7,10 +7,19 @@ no redirects, no cookies, no compression, no proxies. Each of those is a cost
 ``aiohttp``'s client pays on every request (about a quarter of the proxy's time at
 64 KiB), and a worker never needs one.
 
-The response's head is parsed whole; its body is handed on as it arrives, decoded
-from chunks when chunked, to one reader at a time. A connection serves one request
-at a time and goes back to its pool when its response has been read to the end and
-the server did not ask to close it.
+The framing is ``httptools``'s (llhttp, the parser of Node.js), not this module's: a
+worker's answer is input like a client's, and a hand-written chunk parser that took
+``-1`` for a size once froze the event loop. llhttp refuses what RFC 9112 says a
+client must not guess at (signed, ``0x`` and overflowing chunk sizes, a repeated
+``Content-Length``, ``Content-Length`` beside ``Transfer-Encoding``, bare LF line
+ends); this module adds what a proxy must bound: the head's size, the body's size,
+a ``Transfer-Encoding`` other than ``chunked`` (a coding it never asked for), an
+upgrade, and the time a worker may stay silent. 1xx answers are read past.
+
+The body is handed on as it arrives, decoded from chunks, to one reader at a time.
+A connection serves one request at a time and goes back to its pool when its
+response has been read to the end and the server did not ask to close it. Any fault
+closes the connection: its framing can no longer be trusted.
 """
 
 from __future__ import annotations
@@ -20,73 +29,95 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Final
 
-from .errors import UpstreamDisconnected, UpstreamProtocolError
+import httptools
+
+from .errors import UpstreamDisconnected, UpstreamProtocolError, UpstreamTimeout
+from .limits import Limits
 
 __all__ = ["Connection", "Head"]
 
-_MAX_HEAD: Final = 64 * 1024
-_END_OF_HEAD: Final = b"\r\n\r\n"
 #: A first body part under this goes in the head's write.
 _SMALL: Final = 64 * 1024
 
 
 class Head:
-    """A response's status line and the headers this client acts on."""
+    """A response's status and whether the worker asked to close the connection."""
 
-    __slots__ = ("chunked", "close", "length", "status")
+    __slots__ = ("close", "status")
 
-    def __init__(self, status: int, length: int | None, chunked: bool, close: bool) -> None:
+    def __init__(self, status: int, close: bool) -> None:
         self.status = status
-        self.length = length
-        self.chunked = chunked
         self.close = close
-
-
-def _parse_head(raw: bytes) -> Head:
-    lines = raw.split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        raise UpstreamProtocolError("the worker's status line is not HTTP/1.x")
-    length: int | None = None
-    chunked = False
-    close = parts[0] == b"HTTP/1.0"
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep:
-            raise UpstreamProtocolError("the worker sent a header line without a colon")
-        key = name.strip().lower()
-        value = value.strip()
-        if key == b"content-length":
-            if not value.isdigit():
-                raise UpstreamProtocolError("the worker's Content-Length is not a number")
-            length = int(value)
-        elif key == b"transfer-encoding":
-            chunked = value.lower().endswith(b"chunked")
-        elif key == b"connection":
-            lowered = value.lower()
-            close = b"close" in lowered or (close and b"keep-alive" not in lowered)
-    status = int(parts[1])
-    if status in (204, 304):  # never a body, whatever the headers say
-        length, chunked = 0, False
-    return Head(status, None if chunked else length, chunked, close)
 
 
 class Connection(asyncio.Protocol):
     """A keep-alive connection; ``request`` then ``head`` then ``read`` until ``b""``."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits if limits is not None else Limits()
         self.transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
+        self._parser = httptools.HttpResponseParser(self)
         self._head: Head | None = None
         self._body: deque[bytes] = deque()
-        self._left = 0  # bytes of the body (or of the current chunk) still to come
-        self._chunk_state = 0  # 0: size line next, 1: data, 2: CRLF after data, 3: trailers
+        self._head_bytes = 0  # bytes read before the final head was whole
+        self._head_size = 0  # the status lines' and headers' bytes, 1xx answers' too
+        self._body_bytes = 0
+        self._codings: list[bytes] = []
+        self._length: int | None = None
+        self._in_flight = False  # a request written and its answer not yet whole
         self._done = False
         self._lost: BaseException | None = None
         self._closed = False
         self._waiter: asyncio.Future[None] | None = None
         #: Whether any byte of an answer to the current request came back.
         self.heard = False
+
+    # --- llhttp's callbacks ---------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if not self._in_flight:
+            raise UpstreamProtocolError("the worker sent more than its response")
+
+    def on_status(self, reason: bytes) -> None:
+        self._head_size += len(reason) + 16
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head is not None:
+            return  # a trailer: nothing here acts on one
+        self._head_size += len(name) + len(value) + 4
+        key = name.lower()
+        if key == b"transfer-encoding":
+            self._codings += (c.strip().lower() for c in value.split(b","))
+        elif key == b"content-length":
+            self._length = int(value)  # llhttp checked it is digits, and only one
+
+    def on_headers_complete(self) -> None:
+        if self._head_size > self.limits.max_head_bytes:
+            raise UpstreamProtocolError("the worker's response head is too long")
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            if status == 101:
+                raise UpstreamProtocolError("the worker switched protocols unasked")
+            self._codings, self._length = [], None
+            return  # an interim answer: the final one follows on the same connection
+        if self._codings and self._codings != [b"chunked"]:
+            # A coding it was never offered: its bytes are not the answer's, and a body
+            # read to the close would be relayed encoded as if it were the answer.
+            raise UpstreamProtocolError("the worker's Transfer-Encoding is not chunked")
+        if self._length is not None and self._length > self.limits.max_response_bytes:
+            raise UpstreamProtocolError("the worker's answer is over the response-size cap")
+        self._head = Head(status, not self._parser.should_keep_alive())
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self.limits.max_response_bytes:
+            raise UpstreamProtocolError("the worker's answer is over the response-size cap")
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._head is None:
+            return  # the end of a 1xx
+        self._done, self._in_flight = True, False
 
     # --- the event loop's side ------------------------------------------------------
 
@@ -96,102 +127,62 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
-        if not self._done:
-            self._lost = UpstreamDisconnected("the worker closed the connection")
-            if self._head is not None and self._head.length is None and not self._head.chunked:
-                self._done, self._lost = True, None  # a body that ends when the connection does
+        if not self._done and self._lost is None:
+            head = self._head
+            if head is not None and head.close and self._length is None and not self._codings:
+                self._done = True  # a body that ends when the connection does
+            else:
+                self._lost = UpstreamDisconnected("the worker closed the connection")
         self._wake()
 
     def data_received(self, data: bytes) -> None:
         self.heard = True
+        if self._lost is not None:
+            return
         try:
             if self._head is None:
-                self._buffer += data
-                end = self._buffer.find(_END_OF_HEAD)
-                if end < 0:
-                    if len(self._buffer) > _MAX_HEAD:
-                        raise UpstreamProtocolError("the worker's response head is too long")
-                    return
-                self._head = _parse_head(bytes(self._buffer[:end]))
-                rest = bytes(self._buffer[end + 4 :])
-                self._buffer.clear()
-                self._left = self._head.length or 0
-                if not self._head.chunked and self._head.length == 0:
-                    self._done = True
-                if rest:
-                    self._feed(rest)
-            else:
-                self._feed(data)
+                self._head_bytes += len(data)
+            self._parser.feed_data(data)
+            if self._head is None and self._head_bytes > self.limits.max_head_bytes:
+                raise UpstreamProtocolError("the worker's response head is too long")
         except UpstreamProtocolError as exc:
-            self._lost = exc
-            assert self.transport is not None
-            self.transport.close()
+            self._fail(exc)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            self._fail(cause if isinstance(cause, UpstreamProtocolError) else
+                       UpstreamProtocolError("the worker's answer is not HTTP/1.1"))  # fmt: skip
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamProtocolError("the worker switched protocols unasked"))
+        except httptools.HttpParserError as exc:
+            # llhttp's reason names the fault (e.g. "Invalid character in chunk size").
+            self._fail(UpstreamProtocolError(f"the worker's answer is not HTTP/1.1 ({exc})"))
         self._wake()
 
-    def _feed(self, data: bytes) -> None:
-        head = self._head
-        assert head is not None
-        if self._done:
-            raise UpstreamProtocolError("the worker sent more than its response")
-        if not head.chunked:
-            if head.length is None:
-                self._body.append(data)
-                return
-            if len(data) > self._left:
-                raise UpstreamProtocolError("the worker sent more than its Content-Length")
-            self._body.append(data)
-            self._left -= len(data)
-            self._done = self._left == 0
-            return
-        self._dechunk(data)
+    def _fail(self, exc: BaseException) -> None:
+        # A whole answer stays whole (the bytes after it only retire the connection); the
+        # pieces before a fault are read first, then the fault.
+        self._lost = exc
+        if self.transport is not None:
+            self.transport.close()
 
-    def _dechunk(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        at = 0
-        while at < len(buffer):
-            if self._chunk_state == 1:
-                piece = bytes(buffer[at : at + self._left])
-                self._body.append(piece)
-                self._left -= len(piece)
-                at += len(piece)
-                if self._left == 0:
-                    self._chunk_state = 2
-                continue
-            end = buffer.find(b"\r\n", at)
-            if end < 0:
-                if len(buffer) - at > _MAX_HEAD:
-                    raise UpstreamProtocolError("a chunk's size line is too long")
-                break
-            line = bytes(buffer[at:end])
-            at = end + 2
-            if self._chunk_state == 2:
-                if line:
-                    raise UpstreamProtocolError("a chunk does not end where its size says")
-                self._chunk_state = 0
-            elif self._chunk_state == 0:
-                size = line.split(b";", 1)[0].strip()
-                try:
-                    self._left = int(size, 16)
-                except ValueError:
-                    raise UpstreamProtocolError("a chunk's size is not hexadecimal") from None
-                self._chunk_state = 1 if self._left else 3
-            elif not line:  # the blank line after the last chunk's trailers
-                self._done = True
-                if at != len(buffer):
-                    raise UpstreamProtocolError("the worker sent more than its response")
-        del buffer[:at]
+    def _timed_out(self) -> None:
+        if self._lost is None and not self._done:
+            self._fail(UpstreamTimeout(f"the worker was silent for {self.limits.read_timeout:g} s"))
+            self._wake()
 
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
+    async def _wait(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, self._timed_out)
         try:
             await self._waiter
         finally:
+            timer.cancel()
             self._waiter = None
 
     # --- the caller's side ----------------------------------------------------------
@@ -207,10 +198,11 @@ class Connection(asyncio.Protocol):
         ``writelines`` joins them into one more copy). A part the socket does not take at
         once is copied into the transport's buffer; one that it takes is not copied."""
         assert self.transport is not None
-        self._head, self._done, self._lost, self._chunk_state = None, False, None, 0
+        self._head, self._done, self._lost, self._in_flight = None, False, None, True
+        self._head_bytes = self._head_size = self._body_bytes = 0
+        self._codings, self._length = [], None
         self.heard = False
         self._body.clear()
-        self._buffer.clear()
         write = self.transport.write
         if body and len(body[0]) < _SMALL:
             write(head + body[0])
@@ -221,25 +213,34 @@ class Connection(asyncio.Protocol):
             write(part)
 
     async def head(self) -> Head:
-        """The response's head. Raises ``UpstreamDisconnected`` or
-        ``UpstreamProtocolError``."""
+        """The response's head, once whole. Raises ``UpstreamDisconnected``,
+        ``UpstreamProtocolError``, or ``UpstreamTimeout`` when it is not whole within the
+        read timeout of the request (a worker that trickles it byte by byte is no
+        exception)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.read_timeout
         while self._head is None:
             if self._lost is not None:
                 raise self._lost
             if self._closed:
                 raise UpstreamDisconnected("the worker closed the connection")
-            await self._wait()
+            left = deadline - loop.time()
+            if left <= 0:
+                self._timed_out()
+                continue
+            await self._wait(left)
         return self._head
 
     async def read(self) -> bytes:
-        """The next piece of the body, ``b""`` at its end. Raises as ``head`` does when the
-        connection fails before the end."""
+        """The next piece of the body, ``b""`` at its end. Raises as ``head`` does when
+        the connection fails before the end, and ``UpstreamTimeout`` when the worker is
+        silent for the read timeout."""
         while not self._body:
             if self._done:
                 return b""
             if self._lost is not None:
                 raise self._lost
-            await self._wait()
+            await self._wait(self.limits.read_timeout)
         return self._body.popleft()
 
     async def read_all(self) -> bytes:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pd_policy_vllm.http.aio import aiohttp
 
-__all__ = ["UpstreamDisconnected", "UpstreamProtocolError", "UpstreamUnreachable"]
+__all__ = [
+    "UpstreamDisconnected", "UpstreamProtocolError", "UpstreamTimeout", "UpstreamUnreachable",
+]  # fmt: skip
 
 
 class UpstreamUnreachable(aiohttp.ClientConnectionError):
@@ -25,3 +27,9 @@ class UpstreamDisconnected(aiohttp.ServerDisconnectedError):
 
 class UpstreamProtocolError(aiohttp.ClientPayloadError):
     """The worker's answer is not the HTTP/1.1 this client speaks."""
+
+
+class UpstreamTimeout(aiohttp.ServerTimeoutError):
+    """The worker was silent past the read timeout: its leg fails with a 504, and the
+    connection is closed (its answer may still come, and must not be read as the next
+    request's)."""
