@@ -54,6 +54,8 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
         "no_prefill_worker_available",
         "no_encode_worker_available",
         "pd_unauthorized",
+        "pd_body_too_large",
+        "pd_client_timeout",
     }
     assert ERROR_CATALOG["pd_invalid_configuration"].status == 500
     assert not ERROR_CATALOG["pd_invalid_configuration"].retryable

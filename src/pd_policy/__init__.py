@@ -28,6 +28,7 @@ from .capability import (
     derive_supports_vision,
 )
 from .catalog import ERROR_CATALOG, CatalogEntry
+from .client_errors import BodyTooLarge, ClientTooSlow
 from .codec import request_from_json, request_to_json, worker_from_json, worker_to_json
 from .connectors import (
     CONNECTOR_MODES,
@@ -159,7 +160,9 @@ __all__ = [
     "SALT_FOLD_VERSION",
     "SUPPORTS_VISION_LABEL",
     "Balance",
+    "BodyTooLarge",
     "CatalogEntry",
+    "ClientTooSlow",
     "ConsumerPrefill",
     "DecodeCandidate",
     "DecodeForm",

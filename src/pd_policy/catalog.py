@@ -10,6 +10,7 @@ from typing import Final
 
 import attrs
 
+from .client_errors import BodyTooLarge, ClientTooSlow
 from .errors import (
     InvalidConfiguration,
     MalformedRequest,
@@ -54,6 +55,8 @@ _POLICY_ERRORS: Final = (
     MediaFetchFailed,
     MediaUnreachable,
     MalformedRequest,
+    BodyTooLarge,
+    ClientTooSlow,
     NoDecodeWorkerAvailable,
     Unauthorized,
     InvalidConfiguration,

@@ -12,7 +12,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from pd_policy import PolicyError
 from pd_policy_vllm.http.body import read_body
+from pd_policy_vllm.http.relay import error_response
 
 LIMIT = 1 << 20
 READ = web.RequestKey("read", bool)
@@ -31,7 +33,10 @@ def _reads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def _echo(request: web.Request) -> web.Response:
-    body = await read_body(request, LIMIT)
+    try:
+        body = await read_body(request, LIMIT)
+    except PolicyError as exc:
+        return error_response(exc)
     kind = "read()" if request.get(READ) else "own"
     return web.Response(body=bytes(body), headers={"X-Kind": f"{kind} {type(body).__name__}"})
 
@@ -85,5 +90,5 @@ def test_a_compressed_body_is_read_decompressed() -> None:
 
 
 def test_a_body_over_the_limit_is_a_413_before_it_is_read() -> None:
-    status, _, _ = _post(data=os.urandom(LIMIT + 1))
-    assert status == 413
+    status, _, body = _post(data=os.urandom(LIMIT + 1))
+    assert status == 413 and b"pd_body_too_large" in body

@@ -35,7 +35,7 @@ from pd_policy import (
 
 from .aio import access_logger, aiohttp, web
 from .auth import Keys, read_keys
-from .flags import operator_says, parser
+from .flags import front_door, operator_says, parser
 from .fleet.describe import OperatorSays, describe
 from .fleet.members import Fleet
 from .fleet.probe import Probe
@@ -167,6 +167,7 @@ def _run(args: argparse.Namespace, proxy: Proxy) -> None:
         proxy.app(), host=args.host, port=args.port, print=None, handler_cancellation=True,
         access_log=access_logger if args.access_log else None,
         shutdown_timeout=DRAIN_SECONDS, reuse_port=args.processes > 1,
+        **proxy.front_door.server_args(),
     )  # fmt: skip
 
 
@@ -213,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Proxy(
             fleet=fleet, mrope=bool(args.mrope), remote_media=remote, keys=keys,
             attempts=args.attempts, probe=probe if args.probe_interval > 0 else None,
-            admin=args.admin, log_requests=args.access_log,
+            admin=args.admin, log_requests=args.access_log, front_door=front_door(args),
         )  # fmt: skip
 
     if args.processes > 1:

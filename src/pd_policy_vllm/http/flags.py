@@ -13,15 +13,24 @@ from pathlib import Path
 
 from pd_policy import Balance, KvConnectorMode
 
+from .body import MAX_BODY
 from .fleet.describe import CAPABILITIES, OperatorSays
+from .front_door import BODY_TIMEOUT, HEADER_TIMEOUT, FrontDoor
 from .pin import RemoteMedia
 
-__all__ = ["operator_says", "parser"]
+__all__ = ["front_door", "operator_says", "parser"]
 
 
 def _bind_host(value: str) -> str:
     # An IPv6 literal as written in a URL ("[::1]") binds as the bare address.
     return value[1:-1] if value.startswith("[") and value.endswith("]") else value
+
+
+def _positive(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {value}")
+    return number
 
 
 def parser() -> argparse.ArgumentParser:
@@ -116,6 +125,14 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve /admin/workers: list, add and drain workers at run time",
     )
+    add("--max-body-mib", type=_positive, default=MAX_BODY / 2**20,
+        help="the largest request body a client may send, in MiB: a 413 above (256)")  # fmt: skip
+    add("--header-timeout", type=_positive, default=HEADER_TIMEOUT,
+        help="seconds a client has to send a request's headers, from its connection's "
+        "start or the end of its last response: also how long an idle connection is kept "
+        "(75)")  # fmt: skip
+    add("--body-timeout", type=_positive, default=BODY_TIMEOUT,
+        help="seconds a client has to send a request's whole body: a 408 after (300)")  # fmt: skip
     add("--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers")
     add("--no-access-log", dest="access_log", action="store_false",
         help="log no requests: neither the access log nor the one JSON line a request")  # fmt: skip
@@ -131,3 +148,9 @@ def operator_says(args: argparse.Namespace) -> OperatorSays:
         capability=CAPABILITIES[args.decode_capability] if args.decode_capability else None,
         allowed_media_domains=tuple(domains) if domains is not None else None,
     )
+
+
+def front_door(args: argparse.Namespace) -> FrontDoor:
+    """The limits on clients the flags set."""
+    return FrontDoor(max_body=int(args.max_body_mib * 2**20), header_timeout=args.header_timeout,
+                     body_timeout=args.body_timeout)  # fmt: skip

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
-import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -43,7 +41,7 @@ from pd_policy import (
 from .aio import aiohttp, web
 from .attempt import Attempt
 from .auth import Keys
-from .body import MAX_BODY, read_body
+from .body import read_body
 from .codec import loads
 from .fleet.admin import add_admin_routes
 from .fleet.members import Fleet, Member
@@ -51,10 +49,12 @@ from .fleet.metrics import CONTENT_TYPE, Metrics
 from .fleet.models import fleet_models
 from .fleet.probe import Probe, probing
 from .fleet.routing import Choice, choose_members
+from .front_door import FrontDoor, refusal
 from .legs import Leg
 from .pin import RemoteMedia
 from .relay import REQUEST_ID_HEADER, error_response, relay_decode
 from .request import Route
+from .request_log import log_request
 from .responses import RESPONSES, chat_equivalent, responses_decode_leg
 from .skim import skim
 from .upstream import Observer, Upstream
@@ -64,8 +64,6 @@ __all__ = ["REQUEST_ID_HEADER", "Proxy"]
 
 _SESSION: Final = web.AppKey("session", aiohttp.ClientSession)
 _UPSTREAM: Final = web.AppKey("upstream", Upstream)
-#: One line a request: its id, its members, its form and its outcome (JSON).
-requests_log: Final = logging.getLogger("pd_policy_vllm.http.requests")
 
 
 class Proxy:
@@ -82,6 +80,9 @@ class Proxy:
     (probes, models, fetched media), ``observers`` to the legs' client
     ([`Upstream`][pd_policy_vllm.http.upstream.Upstream]; tests record legs with them).
     ``log_requests``: one JSON line a request on the ``pd_policy_vllm.http.requests`` logger.
+    ``front_door``: the limits on clients' bodies and their time
+    ([`FrontDoor`][pd_policy_vllm.http.front_door.FrontDoor]; its ``server_args`` go to
+    the server that runs [`app`][pd_policy_vllm.http.proxy.Proxy.app]).
 
     Raises ``ValueError`` without a fleet or a pair, and for ``RemoteMedia.FETCH`` with a
     prefill whose media rules are unknown (the proxy cannot tell what it would refuse).
@@ -103,6 +104,7 @@ class Proxy:
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
         observers: Sequence[Observer] = (),
         log_requests: bool = True,
+        front_door: FrontDoor | None = None,
     ) -> None:
         self.metrics = Metrics()
         if fleet is None:
@@ -124,11 +126,12 @@ class Proxy:
         self.trace_configs = list(trace_configs)
         self.observers = list(observers)
         self.log_requests = log_requests
+        self.front_door = front_door if front_door is not None else FrontDoor()
         self.draining = False
 
     def app(self) -> web.Application:
         """The ``aiohttp`` application; its client session (and prober) live as long as it."""
-        app = web.Application(client_max_size=MAX_BODY)
+        app = web.Application(client_max_size=self.front_door.max_body)
         app.router.add_post(Route.CHAT.value, self._chat)
         app.router.add_post(Route.COMPLETIONS.value, self._completions)
         app.router.add_post(RESPONSES, self._responses)
@@ -212,7 +215,8 @@ class Proxy:
             return refused
         translate: Callable[[Leg, bool], Leg] | None = None
         try:
-            raw = await read_body(request, MAX_BODY)
+            door = self.front_door
+            raw = await read_body(request, door.max_body, door.body_timeout)
             # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
             body = skim(raw) if route is Route.CHAT and served_as is None else loads(raw)
             stream = isinstance(body, dict) and bool(body.get("stream"))
@@ -221,7 +225,7 @@ class Proxy:
                 body = chat_equivalent(body)
         except PolicyError as exc:
             self._log(request_id, path, None, None, exc.status, exc.code, 1, arrived)
-            return error_response(exc)
+            return await refusal(request, exc)
         upstream = request.app[_UPSTREAM]
         attempt = Attempt(self.session(request), upstream, self.keys.worker_headers(),
                           self.metrics, self.mrope, self.remote_media)  # fmt: skip
@@ -294,14 +298,5 @@ class Proxy:
         self, request_id: str, route: str, choice: Choice | None, form: str | None,
         status: int, outcome: str, attempts: int, arrived: float,
     ) -> None:  # fmt: skip
-        if not self.log_requests:
-            return
-        line = {
-            "request_id": request_id, "route": route, "status": status, "outcome": outcome,
-            "form": form, "attempts": attempts,
-            "prefill": choice.prefill.name if choice else None,
-            "decode": choice.decode.name if choice else None,
-            "encoder": choice.encoder.name if choice and choice.encoder else None,
-            "ms": round((time.monotonic() - arrived) * 1e3, 1),
-        }  # fmt: skip
-        requests_log.info(json.dumps(line, separators=(",", ":")))
+        if self.log_requests:
+            log_request(request_id, route, choice, form, status, outcome, attempts, arrived)

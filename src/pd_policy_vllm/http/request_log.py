@@ -1,0 +1,35 @@
+"""The proxy's one JSON line a request: its id, its route, its members, its form and its
+outcome, on the ``pd_policy_vllm.http.requests`` logger.
+
+A line names members by name and never carries a body, a header or a key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Final
+
+from .fleet.routing import Choice
+
+__all__ = ["log_request", "requests_log"]
+
+#: One line a request: its id, its members, its form and its outcome (JSON).
+requests_log: Final = logging.getLogger("pd_policy_vllm.http.requests")
+
+
+def log_request(
+    request_id: str, route: str, choice: Choice | None, form: str | None,
+    status: int, outcome: str, attempts: int, arrived: float,
+) -> None:  # fmt: skip
+    """Log the line of a request that arrived at ``arrived`` (``time.monotonic``)."""
+    line = {
+        "request_id": request_id, "route": route, "status": status, "outcome": outcome,
+        "form": form, "attempts": attempts,
+        "prefill": choice.prefill.name if choice else None,
+        "decode": choice.decode.name if choice else None,
+        "encoder": choice.encoder.name if choice and choice.encoder else None,
+        "ms": round((time.monotonic() - arrived) * 1e3, 1),
+    }  # fmt: skip
+    requests_log.info(json.dumps(line, separators=(",", ":")))
