@@ -31,6 +31,10 @@ class Mutant(NamedTuple):
 
 
 PROPERTIES: Final = ("tests/test_properties.py", "tests/test_rules.py")
+_HOSTILE: Final = (
+    "tests/http/test_http_upstream_hostile.py",
+    "tests/http/test_http_hostile_worker.py",
+)
 MUTANTS: Final = (
     Mutant(
         "carve-outs swapped: media references before M-RoPE grids",
@@ -348,6 +352,51 @@ MUTANTS: Final = (
         "    if not isinstance(name, str) or not name:",
         "    if not isinstance(name, str):",
         ("tests/ray/test_ray_legs.py",),
+    ),
+    Mutant(
+        "the workers' framing parsed leniently (chunk sizes, Transfer-Encoding, bare LF)",
+        "pd_policy_vllm/http/upstream/connection.py",
+        "        self._parser = httptools.HttpResponseParser(self)\n",
+        "        self._parser = httptools.HttpResponseParser(self)\n"
+        "        self._parser.set_dangerous_leniencies(lenient_chunked_length=True,\n"
+        "            lenient_transfer_encoding=True, lenient_optional_cr_before_lf=True,\n"
+        "            lenient_headers=True)\n",
+        _HOSTILE,
+    ),
+    Mutant(
+        "a Transfer-Encoding other than chunked is taken",
+        "pd_policy_vllm/http/upstream/connection.py",
+        '        if self._codings and self._codings != [b"chunked"]:',
+        "        if False:",
+        _HOSTILE,
+    ),
+    Mutant(
+        "a 1xx is taken as the final answer",
+        "pd_policy_vllm/http/upstream/connection.py",
+        "        if 100 <= status < 200:",
+        "        if status == 101:",
+        _HOSTILE,
+    ),
+    Mutant(
+        "no response-size cap on a body as it arrives",
+        "pd_policy_vllm/http/upstream/connection.py",
+        "        if self._body_bytes > self.limits.max_response_bytes:",
+        "        if False:",
+        _HOSTILE,
+    ),
+    Mutant(
+        "a silent worker is waited for a thousand times the read timeout",
+        "pd_policy_vllm/http/upstream/connection.py",
+        "        timer = loop.call_later(timeout, self._timed_out)",
+        "        timer = loop.call_later(timeout * 1000, self._timed_out)",
+        _HOSTILE,
+    ),
+    Mutant(
+        "the connection cap per worker is not held",
+        "pd_policy_vllm/http/upstream/client.py",
+        "        if self.busy < limits.max_connections and not self.waiters:",
+        "        if True:",
+        _HOSTILE,
     ),
 )
 

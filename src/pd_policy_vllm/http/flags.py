@@ -17,8 +17,9 @@ from .body import MAX_BODY
 from .fleet.describe import CAPABILITIES, OperatorSays
 from .front_door import BODY_TIMEOUT, HEADER_TIMEOUT, FrontDoor
 from .pin import RemoteMedia
+from .upstream import DEFAULT_LIMITS, Limits
 
-__all__ = ["front_door", "operator_says", "parser"]
+__all__ = ["front_door", "operator_says", "parser", "upstream_limits"]
 
 
 def _bind_host(value: str) -> str:
@@ -30,6 +31,13 @@ def _positive(value: str) -> float:
     number = float(value)
     if not number > 0:
         raise argparse.ArgumentTypeError(f"must be positive, not {value}")
+    return number
+
+
+def _count(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return number
 
 
@@ -133,6 +141,17 @@ def parser() -> argparse.ArgumentParser:
         "(75)")  # fmt: skip
     add("--body-timeout", type=_positive, default=BODY_TIMEOUT,
         help="seconds a client has to send a request's whole body: a 408 after (300)")  # fmt: skip
+    add("--worker-read-timeout", type=_positive, default=DEFAULT_LIMITS.read_timeout,
+        help="seconds a leg waits for a worker's answer, and its longest silence in one: "
+        "a 504 after (600; a long prefill is not a fault)")  # fmt: skip
+    add("--max-response-mib", type=_positive,
+        default=DEFAULT_LIMITS.max_response_bytes / 2**20,
+        help="the largest answer a leg reads from a worker, in MiB: a 502 above (256)")  # fmt: skip
+    add("--max-connections-per-worker", type=_count, default=DEFAULT_LIMITS.max_connections,
+        help="connections open at once to one worker; legs past it wait (256)")  # fmt: skip
+    add("--worker-queue-timeout", type=_positive, default=DEFAULT_LIMITS.queue_timeout,
+        help="seconds a leg waits for a connection to a busy worker: a 503 after, and "
+        "another worker is tried (30)")  # fmt: skip
     add("--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers")
     add("--no-access-log", dest="access_log", action="store_false",
         help="log no requests: neither the access log nor the one JSON line a request")  # fmt: skip
@@ -148,6 +167,14 @@ def operator_says(args: argparse.Namespace) -> OperatorSays:
         capability=CAPABILITIES[args.decode_capability] if args.decode_capability else None,
         allowed_media_domains=tuple(domains) if domains is not None else None,
     )
+
+
+def upstream_limits(args: argparse.Namespace) -> Limits:
+    """The bounds on the workers' answers the flags set."""
+    return Limits(read_timeout=args.worker_read_timeout,
+                  max_response_bytes=int(args.max_response_mib * 2**20),
+                  max_connections=args.max_connections_per_worker,
+                  queue_timeout=args.worker_queue_timeout)  # fmt: skip
 
 
 def front_door(args: argparse.Namespace) -> FrontDoor:

@@ -57,7 +57,7 @@ from .request import Route
 from .request_log import log_request
 from .responses import RESPONSES, chat_equivalent, responses_decode_leg
 from .skim import skim
-from .upstream import Observer, Upstream
+from .upstream import DEFAULT_LIMITS, Limits, Observer, Upstream
 from .workers import HttpWorker
 
 __all__ = ["REQUEST_ID_HEADER", "Proxy"]
@@ -82,7 +82,8 @@ class Proxy:
     ``log_requests``: one JSON line a request on the ``pd_policy_vllm.http.requests`` logger.
     ``front_door``: the limits on clients' bodies and their time
     ([`FrontDoor`][pd_policy_vllm.http.front_door.FrontDoor]; its ``server_args`` go to
-    the server that runs [`app`][pd_policy_vllm.http.proxy.Proxy.app]).
+    the server that runs [`app`][pd_policy_vllm.http.proxy.Proxy.app]). ``limits``: the
+    bounds on the workers' answers ([`Limits`][pd_policy_vllm.http.upstream.Limits]).
 
     Raises ``ValueError`` without a fleet or a pair, and for ``RemoteMedia.FETCH`` with a
     prefill whose media rules are unknown (the proxy cannot tell what it would refuse).
@@ -105,6 +106,7 @@ class Proxy:
         observers: Sequence[Observer] = (),
         log_requests: bool = True,
         front_door: FrontDoor | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.metrics = Metrics()
         if fleet is None:
@@ -127,6 +129,7 @@ class Proxy:
         self.observers = list(observers)
         self.log_requests = log_requests
         self.front_door = front_door if front_door is not None else FrontDoor()
+        self.limits = limits
         self.draining = False
 
     def app(self) -> web.Application:
@@ -149,7 +152,7 @@ class Proxy:
         async with aiohttp.ClientSession(
             timeout=timeout, trace_configs=self.trace_configs or None
         ) as session:
-            app[_SESSION], app[_UPSTREAM] = session, Upstream(self.observers)
+            app[_SESSION], app[_UPSTREAM] = session, Upstream(self.observers, self.limits)
             probes = (
                 contextlib.nullcontext()
                 if self.probe is None
