@@ -76,7 +76,11 @@ TARGETS: Final = {
     "SequentialPdBytes_over_smg_4MB": (f"{_BYTES}, 4 MB", "<=", 1.0),
     "proxy_over_smg_100KB": (f"{_PROXY}, 100 KB", "<=", 1.0),
     "proxy_over_smg_4MB": (f"{_PROXY}, 4 MB", "<=", 1.0),
-    "proxy_4MB_over_100KB": ("pd-policy-proxy CPU at 4 MB ÷ at 100 KB, less the hash", "<=", 2.0),
+    "proxy_user_growth_over_hash": (
+        "pd-policy-proxy user-space CPU growth, 100 KB → 4 MB ÷ one SHA-256 pass of the 3.9 MB",
+        "<=",
+        1.5,
+    ),
 }
 _SERVICE: Final = pb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
 
@@ -203,6 +207,7 @@ async def run_load(call: Call, requests: int, pid: int) -> dict[str, float]:
     cpu, kernel = after - before, kernel_after - kernel_before
     return {"cpu_ms_per_request": cpu / requests * 1e3, "requests_per_second": requests / wall,
             "kernel_ms_per_request": kernel / requests * 1e3,
+            "user_ms_per_request": (cpu - kernel) / requests * 1e3,
             "p99_ms": percentile(latencies, 0.99) * 1e3, "failed": failed}  # fmt: skip
 
 
@@ -344,15 +349,17 @@ def _ratios(results: dict[str, Any]) -> dict[str, float]:
     out["bytes_over_smg_streamed"] = cpu(STREAMED, "SequentialPdBytes") / cpu(
         STREAMED, "SMG gateway"
     )
-    small = cpu("100KB", "pd-policy-proxy") - results["100KB"]["hash_ms"]
-    out["proxy_4MB_over_100KB"] = (
-        cpu("4MB", "pd-policy-proxy") - results["4MB"]["hash_ms"]
-    ) / small
-    # The ratio if only the proxy's kernel time (the sockets' copies and TCP) grew with
-    # the image, and none of its own work did: the least any proxy in a process can reach.
-    kernel = {label: results[label]["pd-policy-proxy"]["kernel_ms_per_request"]
-              for label in ("100KB", "4MB")}  # fmt: skip
-    out["proxy_4MB_over_100KB_kernel_floor"] = (small + kernel["4MB"] - kernel["100KB"]) / small
+    # What the proxy's own code spends on the image's 3.9 MB more, against the one pass
+    # over them it cannot avoid (the content hash of its identity). The kernel's copies
+    # (the sockets, the page faults of fresh buffers) are left out and shown beside it.
+    proxy = {label: results[label]["pd-policy-proxy"] for label in ("100KB", "4MB")}
+    hashed = results["4MB"]["hash_ms"] - results["100KB"]["hash_ms"]
+    user = proxy["4MB"]["user_ms_per_request"] - proxy["100KB"]["user_ms_per_request"]
+    out["proxy_user_growth_over_hash"] = user / hashed
+    out["proxy_user_growth_ms"] = user
+    out["proxy_kernel_growth_ms"] = (
+        proxy["4MB"]["kernel_ms_per_request"] - proxy["100KB"]["kernel_ms_per_request"]
+    )
     return out
 
 
@@ -394,13 +401,12 @@ def table(results: dict[str, Any]) -> str:
     rows.append(
         f"{results['in_flight']} requests in flight, not streamed but in the streamed rows; "
         f"streamed, SequentialPdBytes ÷ SMG is {results['ratios']['bytes_over_smg_streamed']:.2f} "
-        "(informative). The hash left out of the last target: "
-        f"{results['100KB']['hash_ms']:.2f} ms at 100 KB, {results['4MB']['hash_ms']:.2f} ms "
-        f"at 4 MB (SHA-256 of the data URL, timed in the driver). The proxy's kernel time "
-        f"per request: {results['100KB']['pd-policy-proxy']['kernel_ms_per_request']:.2f} ms "
-        f"at 100 KB, {results['4MB']['pd-policy-proxy']['kernel_ms_per_request']:.2f} ms at "
-        "4 MB; had nothing else grown with the image, the last ratio would be "
-        f"{results['ratios']['proxy_4MB_over_100KB_kernel_floor']:.2f} (its floor). "
+        "(informative). The last target's hash pass: "
+        f"{results['4MB']['hash_ms'] - results['100KB']['hash_ms']:.2f} ms (SHA-256 of the "
+        "data URL at 4 MB less at 100 KB, timed in the driver). From 100 KB to 4 MB the "
+        f"proxy's user-space CPU per request grew {results['ratios']['proxy_user_growth_ms']:.2f}"
+        f" ms and its kernel time {results['ratios']['proxy_kernel_growth_ms']:.2f} ms (the "
+        "sockets' copies and fresh pages; no proxy in a process avoids them). "
         f"{results['seconds']:.0f} s in all."
     )
     return "\n".join(rows)

@@ -8,10 +8,11 @@ router's whole hop on messages and on bytes (``bench/byte_hop.py``) are measured
 skipped.
 
 Run: ``python bench/run.py [--quick] [--no-docs] [--no-proxy] [--no-grpc-load] [--no-byte-hop]
-[--no-media] [--no-balance] [--no-processes] [--no-gateways]``. The media identity bench
+[--no-media] [--no-balance] [--no-processes] [--no-gateways] [--no-soak]``. The media identity bench
 (``bench/media_identity.py``), the fleet balance simulation (``bench/balance.py``), the
 proxy at 1, 2 and 4 processes (``bench/proxy_processes.py``) and the routers beside SMG's
-gateway (``bench/gateways.py``) run too.
+gateway (``bench/gateways.py``) and a soak of 10⁵ requests through the proxy
+(``bench/soak.py``) run too.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import grpc_load  # bench/, beside this script
 import http_proxy  # bench/, beside this script
 import media_identity  # bench/, beside this script
 import proxy_processes  # bench/, beside this script
+import soak  # bench/, beside this script
 from measuring import median_seconds, paired_ratio, verdicts
 from wire_requests import KV, MIB, wire_mrope_request, wire_request
 
@@ -345,6 +347,7 @@ def main() -> int:
     parser.add_argument(
         "--no-gateways", action="store_true", help="skip the routers beside SMG's gateway"
     )
+    parser.add_argument("--no-soak", action="store_true", help="skip the proxy's long run")
     args = parser.parse_args()
     results = run(args.quick)
     if not args.no_proxy:
@@ -361,6 +364,8 @@ def main() -> int:
         results["proxy_processes"] = proxy_processes.measure(args.quick)
     if not args.no_gateways:
         results["gateways"] = gateways.measure(args.quick)
+    if not args.no_soak:
+        results["soak"] = soak.measure(args.quick)
     (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     rendered = table(results)
     print(rendered)
@@ -386,6 +391,9 @@ def main() -> int:
     routers = gateways.table(results["gateways"]) if "gateways" in results else None
     if routers is not None:
         print("\n" + routers)
+    flat = soak.table(results["soak"]) if "soak" in results else None
+    if flat is not None:
+        print("\n" + flat)
     if not args.no_docs:
         doc = ROOT / "docs" / "performance.md"
         text = splice(doc.read_text(encoding="utf-8"), "performance", rendered)
@@ -403,6 +411,8 @@ def main() -> int:
             text = splice(text, proxy_processes.NAME, scaling)
         if routers is not None:
             text = splice(text, gateways.NAME, routers)
+        if flat is not None:
+            text = splice(text, soak.NAME, flat)
         doc.write_text(text, encoding="utf-8")
     return 0
 

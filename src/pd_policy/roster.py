@@ -57,7 +57,10 @@ class Roster(Generic[W]):
     """The members, and the rules they are chosen and ejected by.
 
     ``clock`` gives monotonic seconds. ``on_change`` is called with a member whose
-    health changed and its health before (metrics and logs follow it).
+    health changed and its health before (metrics and logs follow it). ``generation``
+    counts the changes of who the members are and what they were described as (a join,
+    a removal, a member described anew): what an adapter keeps per member (a router per
+    pair) is stale when it was built at another generation.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class Roster(Generic[W]):
         self._members: list[Member[W]] = []
         self.on_change = on_change
         self._draws = 0
+        self.generation = 0
 
     def __iter__(self) -> Iterator[Member[W]]:
         return iter(list(self._members))
@@ -95,12 +99,14 @@ class Roster(Generic[W]):
         if old is not None:
             self._members.remove(old)
         self._members.append(member)
+        self.generation += 1
         return member
 
     def remove(self, member: Member[W]) -> None:
         """Forget ``member`` (its in-flight requests finish on their own)."""
         if member in self._members:
             self._members.remove(member)
+            self.generation += 1
 
     def _set(self, member: Member[W], state: HealthState) -> None:
         before = member.health.health
@@ -133,6 +139,7 @@ class Roster(Generic[W]):
     def redescribe(self, member: Member[W], worker: W) -> None:
         """``member`` was described anew while in service: it is routed as what it is now."""
         member.worker = worker
+        self.generation += 1
 
     def choose(
         self, role: str, compatible: Sequence[Member[W]], *, affinity: str | None = None,

@@ -147,6 +147,7 @@ class FleetPd:
         self.router, self.timeout = router, timeout
         self.attempts, self.probe_timeout = attempts, probe_timeout
         self._pairs: dict[tuple[str, str], tuple[GrpcWorker, GrpcWorker, Pair]] = {}
+        self._generation = self.roster.generation
         #: Retired pairs' aclose, awaited by this router's.
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -176,14 +177,18 @@ class FleetPd:
         return placed.prefill, placed.decode
 
     def _pair(self, prefill: Member, decode: Member) -> Pair:
+        if self._generation != self.roster.generation:
+            # Members left or were described anew since: their pairs go now, not at the
+            # next pair built, so that the table holds only live pairs however the fleet
+            # churns and whichever pairs its traffic reuses.
+            self._generation = self.roster.generation
+            self._retire_stale()
         key = (prefill.name, decode.name)
         cached = self._pairs.get(key)
         if cached is not None and cached[0] is prefill.worker and cached[1] is decode.worker:
             return cached[2]
         # A member described anew gets a router of its own: its capability or handoff may
-        # have changed. Pairs of members gone or described anew are retired with it, so
-        # that a fleet whose workers come and go holds one router per live pair.
-        self._retire_stale()
+        # have changed.
         pair = self.router(
             prefill.worker.channel, [DecodeCandidate(decode.worker.capability,
                                                      decode.worker.channel)],

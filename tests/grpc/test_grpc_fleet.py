@@ -285,6 +285,28 @@ def test_a_pair_whose_member_left_or_was_described_anew_is_retired() -> None:
     run(test)
 
 
+def test_a_member_that_left_takes_its_pairs_with_it_however_the_fleet_churns() -> None:
+    # Traffic that reuses a pair builds no new one: the pairs of members gone must go
+    # anyway, or a fleet whose workers come and go holds a router (and its channels'
+    # state) per worker it ever had.
+    async def test(fleet: FleetPd, ps: list[PrefillEngine], ds: list[Decode], now: Clock) -> None:
+        kept = fleet.roster.of("decode")[0]
+        for i in range(40):
+            joined = fleet.add("decode", attrs.evolve(kept.worker, address=f"churn-{i}"))
+            # At once, so that the least-loaded choice spreads them to the one joined too.
+            await asyncio.gather(*(served(fleet, image(j, f"c{i}-{j}")) for j in range(6)))
+            assert any(joined.name in key for key in fleet._pairs)
+            fleet.roster.remove(joined)
+            await served(fleet, image(0, f"after-{i}"))
+            live = {m.name for m in fleet.roster}
+            assert all(n in live for key in fleet._pairs for n in key)
+        assert len(fleet._pairs) <= len(fleet.roster.of("prefill")) * len(fleet.roster.of("decode"))
+        await asyncio.sleep(0)
+        assert not fleet._closing  # each retired pair was closed
+
+    run(test)
+
+
 def test_n_samples_decode_alone_with_no_prefill_leg() -> None:
     async def test(fleet: FleetPd, ps: list[PrefillEngine], ds: list[Decode], now: Clock) -> None:
         answers = await served(fleet, to_proto(text_request(n=2, request_id="two")))
