@@ -28,6 +28,7 @@ import attrs
 
 from pd_policy import (
     Balance,
+    ClientUuids,
     EncoderCacheRole,
     HealthPolicy,
     InvalidConfiguration,
@@ -215,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fleet=fleet, mrope=bool(args.mrope), remote_media=remote, keys=keys,
             attempts=args.attempts, probe=probe if args.probe_interval > 0 else None,
             admin=args.admin, log_requests=args.access_log, front_door=front_door(args),
+            client_uuids=ClientUuids.TRUSTED if args.trust_client_uuids else ClientUuids.SCOPED,
         )  # fmt: skip
 
     if args.processes > 1:

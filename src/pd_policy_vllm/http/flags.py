@@ -125,6 +125,10 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve /admin/workers: list, add and drain workers at run time",
     )
+    add("--trust-client-uuids", action="store_true",
+        help="forward a client's media uuid as sent, as vLLM takes it: every client's uuids "
+        "then share one namespace, and one tenant's uuid can name another's image (default: "
+        "each uuid is scoped to its tenant, the request's cache_salt and API key)")  # fmt: skip
     add("--max-body-mib", type=_positive, default=MAX_BODY / 2**20,
         help="the largest request body a client may send, in MiB: a 413 above (256)")  # fmt: skip
     add("--header-timeout", type=_positive, default=HEADER_TIMEOUT,

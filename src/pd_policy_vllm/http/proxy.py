@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from pd_policy import (
+    ClientUuids,
     NoWorkerAvailable,
     PolicyError,
     RequestLife,
@@ -57,6 +58,7 @@ from .request import Route
 from .request_log import log_request
 from .responses import RESPONSES, chat_equivalent, responses_decode_leg
 from .skim import skim
+from .tenant import scoped_body
 from .upstream import Observer, Upstream
 from .workers import HttpWorker
 
@@ -83,6 +85,8 @@ class Proxy:
     ``front_door``: the limits on clients' bodies and their time
     ([`FrontDoor`][pd_policy_vllm.http.front_door.FrontDoor]; its ``server_args`` go to
     the server that runs [`app`][pd_policy_vllm.http.proxy.Proxy.app]).
+    ``client_uuids``: a client's media ``uuid`` is scoped to its tenant, or trusted
+    ([`ClientUuids`][pd_policy.uuid_scope.ClientUuids]).
 
     Raises ``ValueError`` without a fleet or a pair, and for ``RemoteMedia.FETCH`` with a
     prefill whose media rules are unknown (the proxy cannot tell what it would refuse).
@@ -105,6 +109,7 @@ class Proxy:
         observers: Sequence[Observer] = (),
         log_requests: bool = True,
         front_door: FrontDoor | None = None,
+        client_uuids: ClientUuids = ClientUuids.SCOPED,
     ) -> None:
         self.metrics = Metrics()
         if fleet is None:
@@ -127,6 +132,7 @@ class Proxy:
         self.observers = list(observers)
         self.log_requests = log_requests
         self.front_door = front_door if front_door is not None else FrontDoor()
+        self.client_uuids = client_uuids
         self.draining = False
 
     def app(self) -> web.Application:
@@ -223,6 +229,8 @@ class Proxy:
             if served_as == RESPONSES:
                 translate = functools.partial(responses_decode_leg, body)
                 body = chat_equivalent(body)
+            authorization = request.headers.get("Authorization")
+            body, spliced = scoped_body(body, raw, authorization, self.keys, self.client_uuids)
         except PolicyError as exc:
             self._log(request_id, path, None, None, exc.status, exc.code, 1, arrived)
             return await refusal(request, exc)
@@ -241,7 +249,7 @@ class Proxy:
                     member.outstanding += 1
                 try:
                     prepared = await attempt.prepare(life, body, route, request_id, choice,
-                                                     translate, raw)  # fmt: skip
+                                                     translate, spliced)  # fmt: skip
                     form = prepared.plan.form.value
                     life = prepared.life
                     relayed = await relay_decode(

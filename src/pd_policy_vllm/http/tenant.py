@@ -1,0 +1,83 @@
+"""A chat body's client uuids, scoped to the request's tenant before any leg is built.
+
+The rule is the core's ([`pd_policy.uuid_scope`][pd_policy.uuid_scope]); this module binds
+it to an HTTP request: the tenant is the body's ``cache_salt`` and the bearer key the
+proxy admitted, and every content part's ``uuid`` is replaced by its forwarded name.
+It runs once, on the body every later step reads (the fleet's choice, the identities,
+the prefill, render and decode legs), so no leg can carry a uuid as the client sent it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from pd_policy import ClientUuids, Tenant, forwarded_uuid
+
+from .auth import Keys
+
+__all__ = ["request_tenant", "scope_uuids", "scoped_body"]
+
+_BEARER: Final = "bearer "
+
+
+def request_tenant(body: Mapping[str, Any], authorization: str | None, *, keyed: bool) -> Tenant:
+    """The tenant of a request whose body is ``body`` and whose ``Authorization`` header
+    is ``authorization``: its ``cache_salt`` when it is a string, and its bearer key when
+    the proxy checks keys (``keyed``: the key is then one the proxy admitted; a proxy that
+    takes any client takes any bearer too, which names no one)."""
+    salt = body.get("cache_salt")
+    key = None
+    if keyed and authorization and authorization[: len(_BEARER)].lower() == _BEARER:
+        key = authorization[len(_BEARER) :].strip()
+    return Tenant.of(cache_salt=salt if isinstance(salt, str) else None, api_key=key)
+
+
+def _scoped_content(content: list[Any], tenant: Tenant, mode: ClientUuids) -> list[Any] | None:
+    out: list[Any] | None = None
+    for index, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("uuid") is None:
+            continue
+        if out is None:
+            out = list(content)
+        # vLLM reads a uuid with str(); every part's, whatever its type: none is passed on.
+        out[index] = {**part, "uuid": forwarded_uuid(str(part["uuid"]), tenant, mode)}
+    return out
+
+
+def scope_uuids(body: Any, tenant: Tenant, mode: ClientUuids = ClientUuids.SCOPED) -> Any:
+    """``body`` with the ``uuid`` of every content part of its ``messages`` replaced by
+    [`forwarded_uuid`][pd_policy.uuid_scope.forwarded_uuid] for ``tenant``: a new body
+    sharing every other value (``body`` is not changed), or ``body`` itself when no part
+    has a uuid or ``mode`` trusts them. A body that is not a chat body is returned as it
+    is: the plan refuses it."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if mode is ClientUuids.TRUSTED or not isinstance(messages, list):
+        return body
+    out: list[Any] | None = None
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        scoped = _scoped_content(content, tenant, mode) if isinstance(content, list) else None
+        if scoped is None:
+            continue
+        if out is None:
+            out = list(messages)
+        out[index] = {**message, "content": scoped}
+    return body if out is None else {**body, "messages": out}
+
+
+def scoped_body(
+    body: Any, raw: bytes, authorization: str | None, keys: Keys, mode: ClientUuids
+) -> tuple[Any, bytes | None]:
+    """``body`` with its uuids scoped to its tenant
+    ([`request_tenant`][pd_policy_vllm.http.tenant.request_tenant],
+    [`scope_uuids`][pd_policy_vllm.http.tenant.scope_uuids]), and the client's bytes
+    ``raw`` that a prefill leg may be spliced from (``keys``: the proxy's, whose
+    client keys say whether the bearer is an admitted key): ``None`` once a uuid was replaced,
+    since those bytes hold the client's uuids. A body with no ``messages`` (a completions
+    body; not an object) is returned as it is, with ``raw``."""
+    if not isinstance(body, dict) or mode is ClientUuids.TRUSTED:
+        return body, raw
+    tenant = request_tenant(body, authorization, keyed=bool(keys.clients))
+    scoped = scope_uuids(body, tenant, mode)
+    return (body, raw) if scoped is body else (scoped, None)
