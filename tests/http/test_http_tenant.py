@@ -182,7 +182,13 @@ def test_every_parts_uuid_is_scoped_and_the_body_is_not_changed() -> None:
     plain = chat(part(A, None))
     assert scope_uuids(plain, X) is plain  # nothing to scope: the same body, spliced as sent
     assert scope_uuids(body, X, ClientUuids.TRUSTED) is body
-    for not_chat in ([], {"prompt": "p"}, {"messages": "m"}, {"messages": [1, {"content": 2}]}):
+    not_chats: list[Any] = [
+        [],
+        {"prompt": "p"},
+        {"messages": "m"},
+        {"messages": [1, {"content": 2}]},
+    ]
+    for not_chat in not_chats:
         assert scope_uuids(not_chat, X) is not_chat
 
 
