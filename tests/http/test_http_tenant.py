@@ -67,8 +67,9 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
 
 
 async def _run(
-    sends: list[tuple[str, dict[str, Any]]], *, vision: bool, mode: ClientUuids
-) -> tuple[list[int], list[bytes], list[Any]]:
+    sends: list[tuple[str, dict[str, Any]]], *, vision: bool, mode: ClientUuids,
+    route: str = "/v1/chat/completions",
+) -> tuple[list[int], list[bytes], list[Any]]:  # fmt: skip
     """Send each (key, body) through a proxy with a NIXL prefill and one decode (a vision
     one, or a language-model-only one): the statuses, the prefill legs' bytes as the
     worker received them, and the decode legs."""
@@ -89,6 +90,7 @@ async def _run(
         for handler in (prefill, decode):
             app = web.Application(client_max_size=2**24)
             app.router.add_post("/v1/chat/completions", handler)
+            app.router.add_post("/v1/responses", handler)
             runner, url = await _serve(app)
             runners.append(runner)
             urls.append(url)
@@ -104,7 +106,7 @@ async def _run(
         async with aiohttp.ClientSession() as session:
             for key, body in sends:
                 headers = {"Authorization": f"Bearer {key}"}
-                url = proxy_url + "/v1/chat/completions"
+                url = proxy_url + route
                 async with session.post(url, json=body, headers=headers) as r:
                     statuses.append(r.status)
         return statuses, prefills, decodes
@@ -164,6 +166,22 @@ def test_trusted_uuids_are_forwarded_as_sent() -> None:
     assert statuses == [200, 200]
     assert [_prefill_uuids(raw) for raw in prefills] == [[UUID], [UUID]]
     assert [_uuids(leg) for leg in decodes] == [[UUID], [UUID]]
+
+
+def test_a_responses_requests_own_decode_leg_carries_scoped_uuids() -> None:
+    # The Responses API's decode leg on a vision decode is the client's own request: its
+    # input's uuids are scoped as a chat body's messages are.
+    item = {"role": "user", "content": [part(A), {"type": "input_text", "text": "?"}]}
+    sends = [(key, {"model": "m", "input": [item], "cache_salt": salt})
+             for key, salt in (("key-x", "sx"), ("key-y", "sy"))]  # fmt: skip
+    statuses, prefills, decodes = asyncio.run(
+        _run(sends, vision=True, mode=ClientUuids.SCOPED, route="/v1/responses")
+    )
+    assert statuses == [200, 200]
+    want = [[forwarded_uuid(UUID, X)], [forwarded_uuid(UUID, Y)]]
+    assert [_prefill_uuids(raw) for raw in prefills] == want
+    assert [[p.get("uuid") for p in leg["input"][0]["content"] if "uuid" in p]
+            for leg in decodes] == want  # fmt: skip
 
 
 def test_every_parts_uuid_is_scoped_and_the_body_is_not_changed() -> None:

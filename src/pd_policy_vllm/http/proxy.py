@@ -226,11 +226,11 @@ class Proxy:
             # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
             body = skim(raw) if route is Route.CHAT and served_as is None else loads(raw)
             stream = isinstance(body, dict) and bool(body.get("stream"))
+            authorization = request.headers.get("Authorization")
+            body, spliced = scoped_body(body, raw, authorization, self.keys, self.client_uuids)
             if served_as == RESPONSES:
                 translate = functools.partial(responses_decode_leg, body)
                 body = chat_equivalent(body)
-            authorization = request.headers.get("Authorization")
-            body, spliced = scoped_body(body, raw, authorization, self.keys, self.client_uuids)
         except PolicyError as exc:
             self._log(request_id, path, None, None, exc.status, exc.code, 1, arrived)
             return await refusal(request, exc)

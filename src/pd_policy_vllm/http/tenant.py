@@ -1,4 +1,4 @@
-"""A chat body's client uuids, scoped to the request's tenant before any leg is built.
+"""A request body's client uuids, scoped to the request's tenant before any leg is built.
 
 The rule is the core's ([`pd_policy.uuid_scope`][pd_policy.uuid_scope]); this module binds
 it to an HTTP request: the tenant is the body's ``cache_salt`` and the bearer key the
@@ -19,6 +19,8 @@ from .auth import Keys
 __all__ = ["request_tenant", "scope_uuids", "scoped_body"]
 
 _BEARER: Final = "bearer "
+#: The members of a body whose items hold content parts: chat's and the Responses API's.
+_ITEMS: Final = ("messages", "input")
 
 
 def request_tenant(body: Mapping[str, Any], authorization: str | None, *, keyed: bool) -> Tenant:
@@ -45,37 +47,46 @@ def _scoped_content(content: list[Any], tenant: Tenant, mode: ClientUuids) -> li
     return out
 
 
-def scope_uuids(body: Any, tenant: Tenant, mode: ClientUuids = ClientUuids.SCOPED) -> Any:
-    """``body`` with the ``uuid`` of every content part of its ``messages`` replaced by
-    [`forwarded_uuid`][pd_policy.uuid_scope.forwarded_uuid] for ``tenant``: a new body
-    sharing every other value (``body`` is not changed), or ``body`` itself when no part
-    has a uuid or ``mode`` trusts them. A body that is not a chat body is returned as it
-    is: the plan refuses it."""
-    messages = body.get("messages") if isinstance(body, dict) else None
-    if mode is ClientUuids.TRUSTED or not isinstance(messages, list):
-        return body
+def _scoped_items(items: list[Any], tenant: Tenant, mode: ClientUuids) -> list[Any] | None:
     out: list[Any] | None = None
-    for index, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
+    for index, item in enumerate(items):
+        content = item.get("content") if isinstance(item, dict) else None
         scoped = _scoped_content(content, tenant, mode) if isinstance(content, list) else None
         if scoped is None:
             continue
         if out is None:
-            out = list(messages)
-        out[index] = {**message, "content": scoped}
-    return body if out is None else {**body, "messages": out}
+            out = list(items)
+        out[index] = {**item, "content": scoped}
+    return out
+
+
+def scope_uuids(body: Any, tenant: Tenant, mode: ClientUuids = ClientUuids.SCOPED) -> Any:
+    """``body`` with the ``uuid`` of every content part of its ``messages`` (a chat body)
+    and of its ``input`` items (a Responses body, whose own request is a decode leg)
+    replaced by [`forwarded_uuid`][pd_policy.uuid_scope.forwarded_uuid] for ``tenant``:
+    a new body sharing every other value (``body`` is not changed), or ``body`` itself
+    when no part has a uuid or ``mode`` trusts them. A body of another shape is returned
+    as it is: the plan refuses it."""
+    if mode is ClientUuids.TRUSTED or not isinstance(body, dict):
+        return body
+    out = body
+    for field in _ITEMS:
+        items = body.get(field)
+        scoped = _scoped_items(items, tenant, mode) if isinstance(items, list) else None
+        if scoped is not None:
+            out = {**out, field: scoped}
+    return out
 
 
 def scoped_body(
     body: Any, raw: bytes, authorization: str | None, keys: Keys, mode: ClientUuids
 ) -> tuple[Any, bytes | None]:
     """``body`` with its uuids scoped to its tenant
-    ([`request_tenant`][pd_policy_vllm.http.tenant.request_tenant],
-    [`scope_uuids`][pd_policy_vllm.http.tenant.scope_uuids]), and the client's bytes
-    ``raw`` that a prefill leg may be spliced from (``keys``: the proxy's, whose
-    client keys say whether the bearer is an admitted key): ``None`` once a uuid was replaced,
-    since those bytes hold the client's uuids. A body with no ``messages`` (a completions
-    body; not an object) is returned as it is, with ``raw``."""
+    ([`request_tenant`][pd_policy_vllm.http.tenant.request_tenant], with ``keyed`` when
+    ``keys`` holds client keys; [`scope_uuids`][pd_policy_vllm.http.tenant.scope_uuids]),
+    and the client's bytes ``raw`` that a prefill leg may be spliced from: ``None`` once
+    a uuid was replaced, since those bytes hold the client's uuids. A body with no uuid
+    (a completions body, one that is not an object) is returned as it is, with ``raw``."""
     if not isinstance(body, dict) or mode is ClientUuids.TRUSTED:
         return body, raw
     tenant = request_tenant(body, authorization, keyed=bool(keys.clients))
