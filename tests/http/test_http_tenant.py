@@ -29,6 +29,7 @@ from pd_policy import (
 )
 from pd_policy_vllm.http import HttpWorker
 from pd_policy_vllm.http.auth import Keys
+from pd_policy_vllm.http.flags import client_uuids, parser
 from pd_policy_vllm.http.identity import WorkerMedia, part_identities
 from pd_policy_vllm.http.media import media_parts
 from pd_policy_vllm.http.proxy import Proxy
@@ -230,3 +231,10 @@ def test_scoped_identities_split_tenants_and_content_splits_images() -> None:
     assert identities(chat(part(A)), Y) != x_a  # the same bytes too: y's name is y's
     # Without a uuid an item is its bytes: two images are never one identity.
     assert identities(chat(part(A, None)), X) != identities(chat(part(B, None)), X)
+
+
+def test_uuids_are_scoped_unless_the_operator_trusts_them() -> None:
+    argv = ["--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2"]
+    assert client_uuids(parser().parse_args(argv)) is ClientUuids.SCOPED
+    trusted = parser().parse_args([*argv, "--trust-client-uuids"])
+    assert client_uuids(trusted) is ClientUuids.TRUSTED

@@ -28,7 +28,6 @@ import attrs
 
 from pd_policy import (
     Balance,
-    ClientUuids,
     EncoderCacheRole,
     HealthPolicy,
     InvalidConfiguration,
@@ -36,7 +35,7 @@ from pd_policy import (
 
 from .aio import access_logger, aiohttp, web
 from .auth import Keys, read_keys
-from .flags import front_door, operator_says, parser
+from .flags import client_uuids, front_door, operator_says, parser
 from .fleet.describe import OperatorSays, describe
 from .fleet.members import Fleet
 from .fleet.probe import Probe
@@ -216,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fleet=fleet, mrope=bool(args.mrope), remote_media=remote, keys=keys,
             attempts=args.attempts, probe=probe if args.probe_interval > 0 else None,
             admin=args.admin, log_requests=args.access_log, front_door=front_door(args),
-            client_uuids=ClientUuids.TRUSTED if args.trust_client_uuids else ClientUuids.SCOPED,
+            client_uuids=client_uuids(args),
         )  # fmt: skip
 
     if args.processes > 1:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pd_policy import Balance, KvConnectorMode
+from pd_policy import Balance, ClientUuids, KvConnectorMode
 
 from .body import MAX_BODY
 from .fleet.describe import CAPABILITIES, OperatorSays
 from .front_door import BODY_TIMEOUT, HEADER_TIMEOUT, FrontDoor
 from .pin import RemoteMedia
 
-__all__ = ["front_door", "operator_says", "parser"]
+__all__ = ["client_uuids", "front_door", "operator_says", "parser"]
 
 
 def _bind_host(value: str) -> str:
@@ -158,3 +158,9 @@ def front_door(args: argparse.Namespace) -> FrontDoor:
     """The limits on clients the flags set."""
     return FrontDoor(max_body=int(args.max_body_mib * 2**20), header_timeout=args.header_timeout,
                      body_timeout=args.body_timeout)  # fmt: skip
+
+
+def client_uuids(args: argparse.Namespace) -> ClientUuids:
+    """What the flags say a client's media uuid is forwarded as: scoped to its tenant
+    unless ``--trust-client-uuids``."""
+    return ClientUuids.TRUSTED if args.trust_client_uuids else ClientUuids.SCOPED
