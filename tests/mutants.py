@@ -198,6 +198,27 @@ MUTANTS: Final = (
         ("tests/test_media_identity.py", "tests/http/test_http_media_identity.py"),
     ),
     Mutant(
+        "client uuids: forwarded as sent, whatever the tenant",
+        "pd_policy/uuid_scope.py",
+        "    if mode is ClientUuids.TRUSTED:\n        return uuid\n",
+        "    return uuid\n",
+        ("tests/test_uuid_scope.py", "tests/http/test_http_tenant.py"),
+    ),
+    Mutant(
+        "client uuids: one that looks forwarded is passed on",
+        "pd_policy/uuid_scope.py",
+        "    if mode is ClientUuids.TRUSTED:\n",
+        "    if mode is ClientUuids.TRUSTED or uuid.startswith(SCOPED_UUID_PREFIX):\n",
+        ("tests/test_uuid_scope.py",),
+    ),
+    Mutant(
+        "client uuids: the prefill leg is spliced from the client's bytes",
+        "pd_policy_vllm/http/tenant.py",
+        "    return (body, raw) if scoped is body else (scoped, None)",
+        "    return scoped, raw",
+        ("tests/http/test_http_tenant.py",),
+    ),
+    Mutant(
         "media identity: the hash factors are left out",
         "pd_policy/media_identity.py",
         "    for factor in _factor_values(inputs.factors):",

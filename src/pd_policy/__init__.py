@@ -128,6 +128,7 @@ from .salt import (
 )
 from .selection import DecodeCandidate, ensure_model_accepts_media, select_decode_workers
 from .tensor import PayloadLocation, TensorDescriptor
+from .uuid_scope import ANONYMOUS, SCOPED_UUID_PREFIX, ClientUuids, Tenant, forwarded_uuid
 from .worker import (
     MM_MEDIA_REF_SCHEMES_LABEL,
     MM_METADATA_LABEL,
@@ -142,6 +143,7 @@ from .worker_errors import WorkerFailedToStart, WorkerStreamError, grpc_status_t
 __version__ = "0.1.0"
 
 __all__ = [
+    "ANONYMOUS",
     "CONNECTOR_MODES",
     "DEFAULT_BOOTSTRAP_PORT",
     "DEFAULT_BOUND",
@@ -158,11 +160,13 @@ __all__ = [
     "ROLES",
     "SALT_FOLD_PREFIX",
     "SALT_FOLD_VERSION",
+    "SCOPED_UUID_PREFIX",
     "SUPPORTS_VISION_LABEL",
     "Balance",
     "BodyTooLarge",
     "CatalogEntry",
     "ClientTooSlow",
+    "ClientUuids",
     "ConsumerPrefill",
     "DecodeCandidate",
     "DecodeForm",
@@ -211,6 +215,7 @@ __all__ = [
     "RosterMember",
     "Stage",
     "Support",
+    "Tenant",
     "TensorDescriptor",
     "Unauthorized",
     "VisionSupport",
@@ -245,6 +250,7 @@ __all__ = [
     "fail",
     "fold_cache_salt",
     "fold_salt",
+    "forwarded_uuid",
     "grids_kept_on_cpu",
     "grpc_status_to_http",
     "has_mrope_grids",

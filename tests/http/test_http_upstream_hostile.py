@@ -127,6 +127,9 @@ HOSTILE: Final = {
     ],
     "a read-to-close body past the cap": [_OK + b"Connection: close\r\n\r\n" + b"a" * 5000],
     "no status line": [b"garbage\r\n\r\n"],
+    "a control byte in the reason phrase": [
+        _OK.replace(b"OK", b"\x00K") + b"Content-Length: 0\r\n\r\n"
+    ],
     "HTTP/2 preface": [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"],
 }
 DISCONNECTED: Final = {

@@ -35,7 +35,7 @@ from pd_policy import (
 
 from .aio import access_logger, aiohttp, web
 from .auth import Keys, read_keys
-from .flags import front_door, operator_says, parser, upstream_limits
+from .flags import client_uuids, front_door, operator_says, parser, upstream_limits
 from .fleet.describe import OperatorSays, describe
 from .fleet.members import Fleet
 from .fleet.probe import Probe
@@ -216,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             attempts=args.attempts, probe=probe if args.probe_interval > 0 else None,
             admin=args.admin, log_requests=args.access_log, front_door=front_door(args),
             limits=upstream_limits(args),
+            client_uuids=client_uuids(args),
         )  # fmt: skip
 
     if args.processes > 1:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pd_policy import Balance, KvConnectorMode
+from pd_policy import Balance, ClientUuids, KvConnectorMode
 
 from .body import MAX_BODY
 from .fleet.describe import CAPABILITIES, OperatorSays
@@ -19,7 +19,7 @@ from .front_door import BODY_TIMEOUT, HEADER_TIMEOUT, FrontDoor
 from .pin import RemoteMedia
 from .upstream import DEFAULT_LIMITS, Limits
 
-__all__ = ["front_door", "operator_says", "parser", "upstream_limits"]
+__all__ = ["client_uuids", "front_door", "operator_says", "parser", "upstream_limits"]
 
 
 def _bind_host(value: str) -> str:
@@ -133,6 +133,10 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve /admin/workers: list, add and drain workers at run time",
     )
+    add("--trust-client-uuids", action="store_true",
+        help="forward a client's media uuid as sent, as vLLM takes it: every client's uuids "
+        "then share one namespace, and one tenant's uuid can name another's image (default: "
+        "each uuid is scoped to its tenant, the request's cache_salt and API key)")  # fmt: skip
     add("--max-body-mib", type=_positive, default=MAX_BODY / 2**20,
         help="the largest request body a client may send, in MiB: a 413 above (256)")  # fmt: skip
     add("--header-timeout", type=_positive, default=HEADER_TIMEOUT,
@@ -181,3 +185,9 @@ def front_door(args: argparse.Namespace) -> FrontDoor:
     """The limits on clients the flags set."""
     return FrontDoor(max_body=int(args.max_body_mib * 2**20), header_timeout=args.header_timeout,
                      body_timeout=args.body_timeout)  # fmt: skip
+
+
+def client_uuids(args: argparse.Namespace) -> ClientUuids:
+    """What the flags say a client's media uuid is forwarded as: scoped to its tenant
+    unless ``--trust-client-uuids``."""
+    return ClientUuids.TRUSTED if args.trust_client_uuids else ClientUuids.SCOPED

@@ -4,7 +4,8 @@ The identity of a part ([`pd_policy.item_identity`][pd_policy.media_identity.ite
 
 - inline data (a ``data:`` URL, ``input_audio``, embeddings) is hashed: the SHA-256 of
   the URL's text, or of the canonical JSON of the part's data;
-- a part with a ``uuid`` is the client's name for it, as vLLM takes it;
+- a part with a ``uuid`` is the client's name for it, as vLLM takes it (scoped to the
+  client's tenant by then: [`tenant`][pd_policy_vllm.http.tenant]);
 - a remote or local URL the proxy has not fetched has no reusable identity: a value
   drawn for the request (``nonce``), so that its decode leg shares no cache with any
   other request's. [`pin`][pd_policy_vllm.http.pin] fetches remote items once and sends

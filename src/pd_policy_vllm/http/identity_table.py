@@ -45,7 +45,7 @@ _PATHS: Final = (
 )
 _WORDS: Final = {
     IdentityBasis.CONTENT: "its bytes",
-    IdentityBasis.CLIENT: "the client's `uuid`",
+    IdentityBasis.CLIENT: "the client's `uuid`, within its tenant",
     IdentityBasis.WORKER: "the fetching worker's hash",
     IdentityBasis.UNCACHED: "none: uncached",
 }

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from pd_policy import (
+    ClientUuids,
     NoWorkerAvailable,
     PolicyError,
     RequestLife,
@@ -57,6 +58,7 @@ from .request import Route
 from .request_log import log_request
 from .responses import RESPONSES, chat_equivalent, responses_decode_leg
 from .skim import skim
+from .tenant import scoped_body
 from .upstream import DEFAULT_LIMITS, Limits, Observer, Upstream
 from .workers import HttpWorker
 
@@ -84,6 +86,8 @@ class Proxy:
     ([`FrontDoor`][pd_policy_vllm.http.front_door.FrontDoor]; its ``server_args`` go to
     the server that runs [`app`][pd_policy_vllm.http.proxy.Proxy.app]). ``limits``: the
     bounds on the workers' answers ([`Limits`][pd_policy_vllm.http.upstream.Limits]).
+    ``client_uuids``: a client's media ``uuid`` is scoped to its tenant, or trusted
+    ([`ClientUuids`][pd_policy.uuid_scope.ClientUuids]).
 
     Raises ``ValueError`` without a fleet or a pair, and for ``RemoteMedia.FETCH`` with a
     prefill whose media rules are unknown (the proxy cannot tell what it would refuse).
@@ -107,16 +111,13 @@ class Proxy:
         log_requests: bool = True,
         front_door: FrontDoor | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        client_uuids: ClientUuids = ClientUuids.SCOPED,
     ) -> None:
         self.metrics = Metrics()
         if fleet is None:
             if prefill is None or not decode:
                 raise ValueError("the proxy needs a fleet, or a prefill and a decode worker")
-            fleet = Fleet()
-            for role, workers in (("prefill", [prefill]), ("decode", decode),
-                                  ("encode", [encoder] if encoder else [])):  # fmt: skip
-                for worker in workers:
-                    fleet.add(role, worker, healthy=True)
+            fleet = Fleet.pair(prefill, decode, encoder)
         fleet.on_change = self.metrics.health_changed
         if remote_media is RemoteMedia.FETCH and any(
             not m.worker.media.rules.known for m in fleet.of("prefill")
@@ -130,6 +131,7 @@ class Proxy:
         self.log_requests = log_requests
         self.front_door = front_door if front_door is not None else FrontDoor()
         self.limits = limits
+        self.client_uuids = client_uuids
         self.draining = False
 
     def app(self) -> web.Application:
@@ -214,7 +216,8 @@ class Proxy:
         request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         refused = self.admitted(request)
         if refused is not None:
-            self._log(request_id, path, None, None, refused.status, "pd_unauthorized", 1, arrived)
+            self._done(path, None, "pd_unauthorized", None, 1, request_id, refused.status, arrived,
+                       counted=False)  # fmt: skip
             return refused
         translate: Callable[[Leg, bool], Leg] | None = None
         try:
@@ -223,11 +226,14 @@ class Proxy:
             # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
             body = skim(raw) if route is Route.CHAT and served_as is None else loads(raw)
             stream = isinstance(body, dict) and bool(body.get("stream"))
+            authorization = request.headers.get("Authorization")
+            body, spliced = scoped_body(body, raw, authorization, self.keys, self.client_uuids)
             if served_as == RESPONSES:
                 translate = functools.partial(responses_decode_leg, body)
                 body = chat_equivalent(body)
         except PolicyError as exc:
-            self._log(request_id, path, None, None, exc.status, exc.code, 1, arrived)
+            self._done(path, None, exc.code, None, 1, request_id, exc.status, arrived,
+                       counted=False)  # fmt: skip
             return await refusal(request, exc)
         upstream = request.app[_UPSTREAM]
         attempt = Attempt(self.session(request), upstream, self.keys.worker_headers(),
@@ -244,7 +250,7 @@ class Proxy:
                     member.outstanding += 1
                 try:
                     prepared = await attempt.prepare(life, body, route, request_id, choice,
-                                                     translate, raw)  # fmt: skip
+                                                     translate, spliced)  # fmt: skip
                     form = prepared.plan.form.value
                     life = prepared.life
                     relayed = await relay_decode(
@@ -265,7 +271,9 @@ class Proxy:
                 if life.stage is Stage.PLANNING:
                     self.metrics.retries.labels(getattr(exc, "leg", "plan")).inc()
                     continue
-                self._done(path, form, exc.code, choice, life, request_id, exc.status, arrived)
+                self._done(
+                    path, form, exc.code, choice, life.attempt, request_id, exc.status, arrived
+                )
                 return error_response(exc)
             self.metrics.ttft.observe(relayed.first_byte - arrived)
             self.metrics.decode_bytes.observe(relayed.sent)
@@ -273,12 +281,12 @@ class Proxy:
             if relayed.late_error is not None:
                 self._blame(choice, relayed.late_error)
                 life = fail(life, relayed.late_error, choice.decode.name)
-                self._done(path, form, relayed.late_error.code, choice, life, request_id, 200,
-                           arrived)  # fmt: skip
+                code = relayed.late_error.code
+                self._done(path, form, code, choice, life.attempt, request_id, 200, arrived)
                 return relayed.response
             for member in choice.members:
                 self.fleet.succeeded(member)
-            self._done(path, form, "ok", choice, done(life), request_id, 200, arrived)
+            self._done(path, form, "ok", choice, done(life).attempt, request_id, 200, arrived)
             return relayed.response
 
     def _blame(self, choice: Choice | None, error: PolicyError) -> Member | None:
@@ -291,15 +299,10 @@ class Proxy:
         return member
 
     def _done(
-        self, route: str, form: str, outcome: str, choice: Choice | None, life: RequestLife,
-        request_id: str, status: int, arrived: float,
+        self, route: str, form: str | None, outcome: str, choice: Choice | None, attempts: int,
+        request_id: str, status: int, arrived: float, *, counted: bool = True,
     ) -> None:  # fmt: skip
-        self.metrics.count_request(route, form, outcome)
-        self._log(request_id, route, choice, form, status, outcome, life.attempt, arrived)
-
-    def _log(
-        self, request_id: str, route: str, choice: Choice | None, form: str | None,
-        status: int, outcome: str, attempts: int, arrived: float,
-    ) -> None:  # fmt: skip
+        if counted:  # a request refused before it was planned has no form to count by
+            self.metrics.count_request(route, form or "-", outcome)
         if self.log_requests:
             log_request(request_id, route, choice, form, status, outcome, attempts, arrived)

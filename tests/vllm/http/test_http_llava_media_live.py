@@ -7,14 +7,15 @@ decode, and the E/P/D pair. A media host on 127.0.0.1 serves one URL whose image
 tests change between requests, as a camera's ``latest.jpg`` does.
 
 Each case is one that a shortcut identity answers wrongly with a 200: new content at one
-URL, one image under two processing options, two images under one ``uuid``, and
-embeddings. Every answer must be the baseline's, token for token.
+URL, one image under two processing options, two images under one ``uuid``, one
+``uuid`` from two tenants, and embeddings. Every answer must be the baseline's, token for token.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -154,19 +155,42 @@ def test_a_uuid_names_the_item_as_vllm_takes_it(
     fetching: InProcessProxy, llava_http: HttpFleet
 ) -> None:
     # vLLM takes a part's uuid as the item's hash: a second image under the first's uuid
-    # is answered as the first, by the baseline itself. The decode leg agrees with the
-    # prefill's caches (the client's promise), and a new uuid is a new item.
+    # is answered as the first, by the baseline itself. Through the proxy a uuid is its
+    # tenant's name: the baseline's "llava-a" names nothing there, and within the tenant
+    # the name holds as vLLM takes it (the client's promise), a uuid alone included.
     a, b = data_url(image(1)), data_url(image(2))
     first = answer(llava_http.baseline, body(url_part(a, uuid="llava-a"), "uuid"))
     reused = answer(llava_http.baseline, body(url_part(b, uuid="llava-a"), "uuid"))
     assert same(reused, first)
     other = answer(llava_http.baseline, body(url_part(b, uuid="llava-b"), "uuid"))
     assert not same(other, first)
-    assert same(answer(fetching.url, body(url_part(b, uuid="llava-a"), "uuid")), first)
-    assert same(answer(fetching.url, body(url_part(a, uuid="llava-b"), "uuid")), other)
-    # A uuid alone names an item the prefill's cache holds.
-    named = {"type": "image_url", "image_url": None, "uuid": "llava-b"}
+    assert same(answer(fetching.url, body(url_part(b, uuid="llava-a"), "uuid")), other)
+    assert same(answer(fetching.url, body(url_part(a, uuid="llava-a"), "uuid")), other)
+    named = {"type": "image_url", "image_url": None, "uuid": "llava-a"}
     assert same(answer(fetching.url, body(named, "uuid")), other)
+
+
+def test_a_tenant_sending_anothers_uuid_is_answered_as_its_own_image(
+    fetching: InProcessProxy, llava_http: HttpFleet
+) -> None:
+    # Tenant x sends image A under uuid U; tenant y (its own cache_salt) sends image B
+    # under U. Plain vLLM answers y as A (the hole); the proxy answers y as B, exactly as
+    # vLLM answers B sent without a uuid, and x's uuid still names A for x.
+    a, b = data_url(image(1)), data_url(image(2))
+    want_a, want_b = (answer(llava_http.baseline, body(url_part(u), "tenant")) for u in (a, b))
+    assert not same(want_a, want_b)  # else telling them apart would prove nothing
+    plain = [answer(llava_http.baseline, body(url_part(u, uuid="plain-u"), "tenant",
+                                              cache_salt=salt))
+             for u, salt in ((a, "x"), (b, "y"))]  # fmt: skip
+    assert same(plain[1], want_a)  # what vLLM does: y gets x's image's answer
+    x = answer(fetching.url, body(url_part(a, uuid="tenant-u"), "tenant", cache_salt="x"))
+    y = answer(fetching.url, body(url_part(b, uuid="tenant-u"), "tenant", cache_salt="y"))
+    assert same(x, want_a)
+    assert same(y, want_b) and not same(y, x)
+    named = {"type": "image_url", "image_url": None, "uuid": "tenant-u"}
+    assert same(answer(fetching.url, body(named, "tenant", cache_salt="x")), want_a)
+    # No leg carried the client's uuid: every worker saw only the tenant's name for it.
+    assert not any("tenant-u" in json.dumps(s.body) for s in fetching.sent)
 
 
 def embeds(seed: int) -> str:

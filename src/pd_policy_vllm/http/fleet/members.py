@@ -8,7 +8,7 @@ its server said it is), named by its URL without credentials or path
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeAlias
 from urllib.parse import urlsplit
 
@@ -67,3 +67,16 @@ class Fleet(Roster[HttpWorker]):
         Raises ``ValueError`` for an unknown role."""
         health = HealthState(Health.HEALTHY) if healthy else HealthState()
         return self.join(Member(role, member_name(worker.url), worker, health))
+
+    @classmethod
+    def pair(
+        cls, prefill: HttpWorker, decode: Sequence[HttpWorker], encoder: HttpWorker | None = None
+    ) -> Fleet:
+        """A fixed fleet: ``prefill``, ``decode`` and an optional ``encoder``, each taken as
+        healthy (never probed)."""
+        fleet = cls()
+        for role, workers in (("prefill", [prefill]), ("decode", decode),
+                              ("encode", [encoder] if encoder else [])):  # fmt: skip
+            for worker in workers:
+                fleet.add(role, worker, healthy=True)
+        return fleet

@@ -36,6 +36,9 @@ from .limits import Limits
 
 __all__ = ["Connection", "Head"]
 
+#: The bytes a reason phrase may hold: HTAB, SP, VCHAR and obs-text.
+_REASON_BYTES: Final = bytes([9, *range(0x20, 0x7F), *range(0x80, 0x100)])
+
 #: A first body part under this goes in the head's write.
 _SMALL: Final = 64 * 1024
 
@@ -80,6 +83,9 @@ class Connection(asyncio.Protocol):
 
     def on_status(self, reason: bytes) -> None:
         self._head_size += len(reason) + 16
+        if reason.translate(None, _REASON_BYTES):
+            # RFC 9112 allows tabs, spaces and visible bytes; llhttp lets controls through.
+            raise UpstreamProtocolError("the worker's status line holds a control byte")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._head is not None:
