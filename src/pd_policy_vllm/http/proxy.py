@@ -44,6 +44,7 @@ from .auth import Keys
 from .body import read_body
 from .codec import loads
 from .fleet.admin import add_admin_routes
+from .fleet.allowed_hosts import AllowedHosts
 from .fleet.members import Fleet, Member
 from .fleet.metrics import CONTENT_TYPE, Metrics
 from .fleet.models import fleet_models
@@ -76,16 +77,18 @@ class Proxy:
     when the chosen prefill's media rules are known, else leave it uncached).
     ``keys``: the workers' key and the clients'. ``attempts``: how many times a request
     may be tried in all. ``probe``: how the fleet is probed (``None``: not at all).
-    ``admin``: serve the fleet's routes. ``trace_configs`` go to the ``aiohttp`` session
-    (probes, models, fetched media), ``observers`` to the legs' client
+    ``admin``: serve the fleet's routes, to the admins' keys only; ``admin_hosts``: the
+    hosts an admin may add a worker on (``None``: any). ``trace_configs`` go to the
+    ``aiohttp`` session (probes, models, fetched media), ``observers`` to the legs' client
     ([`Upstream`][pd_policy_vllm.http.upstream.Upstream]; tests record legs with them).
     ``log_requests``: one JSON line a request on the ``pd_policy_vllm.http.requests`` logger.
     ``front_door``: the limits on clients' bodies and their time
     ([`FrontDoor`][pd_policy_vllm.http.front_door.FrontDoor]; its ``server_args`` go to
     the server that runs [`app`][pd_policy_vllm.http.proxy.Proxy.app]).
 
-    Raises ``ValueError`` without a fleet or a pair, and for ``RemoteMedia.FETCH`` with a
-    prefill whose media rules are unknown (the proxy cannot tell what it would refuse).
+    Raises ``ValueError`` without a fleet or a pair, for ``admin`` with no admin key, and
+    for ``RemoteMedia.FETCH`` with a prefill whose media rules are unknown (the proxy
+    cannot tell what it would refuse).
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class Proxy:
         attempts: int = 2,
         probe: Probe | None = None,
         admin: bool = False,
+        admin_hosts: AllowedHosts | None = None,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
         observers: Sequence[Observer] = (),
         log_requests: bool = True,
@@ -122,7 +126,10 @@ class Proxy:
             raise ValueError("fetching remote media needs the prefill workers' media rules")
         self.fleet, self.mrope, self.remote_media = fleet, mrope, remote_media
         self.keys = keys if keys is not None else Keys()
+        if admin and not self.keys.admins:
+            raise ValueError("serving the admin routes needs an admin key")
         self.attempts, self.probe, self.admin = attempts, probe, admin
+        self.admin_hosts = admin_hosts
         self.trace_configs = list(trace_configs)
         self.observers = list(observers)
         self.log_requests = log_requests
