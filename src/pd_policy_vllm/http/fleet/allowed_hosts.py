@@ -28,6 +28,7 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _LABEL: Final = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
 # The last labels the resolver would read as a number (WHATWG's "ends in a number").
 _NUMBER: Final = re.compile(r"[0-9]+|0x[0-9a-f]*")
+_BRACKETED: Final = re.compile(r"\[([^\]]*)\](/[0-9]+)?")
 _SCHEMES: Final = frozenset({"http", "https"})
 
 
@@ -51,7 +52,10 @@ class AllowedHosts:
             parsed = URL(url)
         except (ValueError, TypeError):
             return False
-        host = parsed.host
+        try:
+            host, _ = parsed.host, parsed.port  # a port out of range raises here
+        except ValueError:
+            return False
         if parsed.scheme not in _SCHEMES or not host:
             return False
         try:
@@ -75,7 +79,9 @@ def allowed_hosts(values: Iterable[str]) -> AllowedHosts:
         raise InvalidConfiguration("--admin-allowed-hosts lists no host",
                                    param="admin_allowed_hosts")  # fmt: skip
     for entry in entries:
-        bare = entry[1:-1] if entry.startswith("[") and entry.endswith("]") else entry
+        # An IPv6 address as a URL writes it ("[fd00::1]", "[fd00::]/8") is the address.
+        bracketed = _BRACKETED.fullmatch(entry)
+        bare = bracketed[1] + (bracketed[2] or "") if bracketed else entry
         try:
             networks.append(ipaddress.ip_network(bare, strict=False))
             continue
