@@ -18,11 +18,21 @@ import aiohttp
 import pytest
 from fleet_stands import Stand, serving, stands
 
-from pd_policy import InvalidConfiguration
+from pd_policy import (
+    InvalidConfiguration,
+    KvConnectorMode,
+    MediaFetchRules,
+    PrefillKv,
+    Support,
+    WorkerCapability,
+)
+from pd_policy_vllm.http import HttpWorker
 from pd_policy_vllm.http.auth import Keys, key_id, read_keys
 from pd_policy_vllm.http.cli import main
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts, allowed_hosts
 from pd_policy_vllm.http.fleet.members import Fleet
+from pd_policy_vllm.http.identity import WorkerMedia
+from pd_policy_vllm.http.pin import RemoteMedia
 from pd_policy_vllm.http.proxy import Proxy
 
 WORKER, CLIENT, ADMIN = "worker-K3Y", "client-K3Y", "admin-K3Y"
@@ -281,6 +291,29 @@ def test_a_workers_redirect_is_not_followed_so_its_target_never_sees_the_workers
         assert recorded.seen == []
 
     run(test)
+
+
+def test_a_media_url_from_a_clients_body_is_fetched_without_the_workers_key() -> None:
+    async def go() -> None:
+        media, prefill, decode = Recorded(), Stand("p", lm_only=False), Stand("d")
+        async with media.serving() as media_url, serving(prefill.app()) as p_url, serving(
+            decode.app()
+        ) as d_url:  # fmt: skip
+            rules = MediaFetchRules(allowed_domains=["127.0.0.1"], known=True)
+            proxy = Proxy(
+                HttpWorker(p_url, kv=PrefillKv(KvConnectorMode.NIXL), media=WorkerMedia(rules)),
+                [HttpWorker(d_url, WorkerCapability(Support.FALSE))],
+                mrope=False, remote_media=RemoteMedia.FETCH, keys=KEYS,
+            )  # fmt: skip
+            part = {"type": "image_url", "image_url": {"url": media_url + "/a.png"}}
+            chat = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": [
+                part, {"type": "text", "text": "?"}]}]}  # fmt: skip
+            async with serving(proxy.app()) as url:
+                await call("POST", f"{url}/v1/chat/completions", CLIENT, chat)
+        # Fetched (the media host is the workers' allowed one), and without any key.
+        assert media.seen == [("/a.png", None)]
+
+    asyncio.run(go())
 
 
 def test_admin_without_an_admin_key_does_not_start(
