@@ -143,6 +143,7 @@ def test_a_client_without_the_key_is_a_401_and_no_worker_is_called(
         assert reply["error"]["type"] == "unauthorized" and CLIENT_KEY not in json.dumps(reply)
     # An API client adds no worker: 403, and the worker it names is never described.
     infos = _worker_infos(llava_pool)
+    assert infos  # the proxy described each worker at start: the log shows such calls
     join = {"role": "decode", "url": llava_pool.urls["d1"]}
     for key in (CLIENT_KEY, None):
         status, reply = call(url, join, key, "/admin/workers")
