@@ -261,11 +261,16 @@ def test_every_admin_change_is_one_audit_line_naming_no_key(
         assert (await call("POST", url + ROUTE, ADMIN, add))[0] == 201
         assert (await call("DELETE", url + ROUTE, ADMIN, {"url": with_creds}))[0] == 202
         assert (await call("DELETE", url + ROUTE, ADMIN, {"url": "http://gone:1"}))[0] == 400
+        forged = {"role": ["decode"], "url": "http://a\u2028admin add outcome=added:1"}
+        assert (await call("POST", url + ROUTE, ADMIN, forged))[0] == 400
 
     run(test)
-    audit = [r.getMessage() for r in caplog.records if r.name == "pd_policy_vllm.http.admin"]
-    assert len(audit) == 4, audit
-    refused, added, drained, missing = audit
+    records = [r for r in caplog.records if r.name == "pd_policy_vllm.http.admin"]
+    audit = [r.getMessage() for r in records]
+    assert len(audit) == 5, audit
+    refused, added, drained, missing, forged = audit
+    # A refusal is a warning, a change done is information.
+    assert [r.levelname for r in records] == ["WARNING", "INFO", "INFO", "WARNING", "WARNING"]
     who = f"by=key:{key_id(ADMIN)}"
     assert refused.startswith("admin add role=- worker=- by=not-an-admin outcome=pd_forbidden")
     assert added.startswith("admin add role=decode worker=http://127.0.0.1:")
@@ -273,6 +278,8 @@ def test_every_admin_change_is_one_audit_line_naming_no_key(
     assert drained.startswith("admin drain role=decode worker=http://127.0.0.1:")
     assert drained.endswith(f"{who} outcome=draining")
     assert missing == f"admin drain role=- worker=http://gone:1 {who} outcome=pd_invalid_request"
+    # What a caller sends cannot write another line, nor another entry into this one.
+    assert forged == f"admin add role=- worker=- {who} outcome=pd_invalid_request"
     everything = [r.getMessage() for r in caplog.records] + [str(r.args) for r in caplog.records]
     for secret in ("K3Y", "PASSW0RD", ADMIN[:8], CLIENT[:8]):
         assert not [line for line in everything if secret in line], secret

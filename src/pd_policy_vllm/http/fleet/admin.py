@@ -38,18 +38,25 @@ _ROUTE = "/admin/workers"
 audit: Final = logging.getLogger("pd_policy_vllm.http.admin")
 
 
+_DONE: Final = frozenset({"added", "draining"})
+
+
 def _name(url: object) -> str:
-    # The member's name: the URL less its credentials, path and query.
+    # The member's name: the URL less its credentials, path and query; a caller's URL
+    # that would write more than a name into the line (a line break, say) is not written.
     try:
-        return member_name(url) if isinstance(url, str) else "-"
+        name = member_name(url) if isinstance(url, str) else "-"
     except ValueError:
         return "-"
+    return name if name.isascii() and name.isprintable() else "-"
 
 
 def _log(who: str | None, action: str, role: object, url: object, outcome: str) -> None:
-    role = role if role in ROLES else "-"
-    audit.info("admin %s role=%s worker=%s by=%s outcome=%s", action, role, _name(url),
-               f"key:{who}" if who else "not-an-admin", outcome)  # fmt: skip
+    # A refusal is a warning: someone tried to change the fleet and could not.
+    role = role if isinstance(role, str) and role in ROLES else "-"
+    audit.log(logging.INFO if outcome in _DONE else logging.WARNING,
+              "admin %s role=%s worker=%s by=%s outcome=%s", action, role, _name(url),
+              f"key:{who}" if who else "not-an-admin", outcome)  # fmt: skip
 
 
 def add_admin_routes(app: web.Application, proxy: Proxy) -> None:
