@@ -5,7 +5,8 @@ brought back.
 on 127.0.0.1, two full-vision prefill servers (KV producers) and two
 ``--language-model-only`` decode servers (KV consumers) on the transfer connector, each
 with ``--api-key``, and the proxy in front of them, which takes the workers' key from
-its environment and its clients' from a file. It sends mixed image and text traffic,
+its environment, its clients' from a file and its admin's (for ``/admin/workers``, which
+no client's key admits) from the environment. It sends mixed image and text traffic,
 kills one decode mid-run, sends more, restarts it and waits until the proxy routes to
 it again. It prints the answers beside the baseline's (the first prefill, sent plain
 requests), the spread of requests over the workers, and an excerpt of ``/metrics``;
@@ -35,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests" / "vllm"))  # the model builder and server
 def main() -> int:
     from http_peers import data_url
     from llava_prompts import TEXT
-    from pool_fleet import CLIENT_KEY, WORKER_KEY, fleet_proxy, pool_fleet
+    from pool_fleet import ADMIN_KEY, CLIENT_KEY, WORKER_KEY, fleet_proxy, pool_fleet
     from router_side import image
     from servers import running
     from tiny_models import build_llava
@@ -94,12 +95,15 @@ def main() -> int:
             deadline = time.monotonic() + 60
             d2 = member_name(pool.urls["d2"])
             while time.monotonic() < deadline:
-                workers = call(url, None, CLIENT_KEY, "/admin/workers")["workers"]
+                workers = call(url, None, ADMIN_KEY, "/admin/workers")["workers"]
                 if any(w["name"] == d2 and w["health"] == "healthy" for w in workers):
                     break
                 time.sleep(1)
             send("d2 back", 8)
             metrics = call(url, None, CLIENT_KEY, "/metrics")
+            # Only the admin key adds a worker: an API client's key is refused (403).
+            joining = {"role": "decode", "url": pool.urls["d2"]}
+            refused = call(url, joining, CLIENT_KEY, "/admin/workers")["error"]
         lines = (pool.root / "fleet-proxy.log").read_text(errors="replace").splitlines()
         spread: collections.Counter[str] = collections.Counter()
         for line in lines:
@@ -119,6 +123,7 @@ def main() -> int:
     for key, count in sorted(spread.items()):
         role, name = key.split(" ", 1)
         print(f"  {role:8} {names.get(name, name):3} {count}")
+    print(f"\nAn API client's POST /admin/workers: {refused} (only the admin key adds workers)")
     print("\n/metrics (excerpt):")
     for line in metrics.splitlines():
         if line.startswith(("pd_policy_requests_total", "pd_policy_worker_up",

@@ -54,9 +54,13 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
         "no_prefill_worker_available",
         "no_encode_worker_available",
         "pd_unauthorized",
+        "pd_forbidden",
         "pd_body_too_large",
         "pd_client_timeout",
     }
+    # An admin route refused is refused for every caller without an admin key, anonymous or not.
+    assert ERROR_CATALOG["pd_forbidden"].status == 403
+    assert not ERROR_CATALOG["pd_forbidden"].retryable
     assert ERROR_CATALOG["pd_invalid_configuration"].status == 500
     assert not ERROR_CATALOG["pd_invalid_configuration"].retryable
     assert ERROR_CATALOG["no_decode_worker_available"].status == 503

@@ -66,6 +66,7 @@ from .epd import (
 )
 from .errors import (
     ERROR_CODE_HEADER,
+    Forbidden,
     InvalidConfiguration,
     MalformedRequest,
     MediaRefsOnLanguageModelOnlyDecode,
@@ -173,6 +174,7 @@ __all__ = [
     "EncoderCacheRole",
     "EncoderOutput",
     "EngineFacts",
+    "Forbidden",
     "HashFactors",
     "Health",
     "HealthPolicy",

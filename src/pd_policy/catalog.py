@@ -12,6 +12,7 @@ import attrs
 
 from .client_errors import BodyTooLarge, ClientTooSlow
 from .errors import (
+    Forbidden,
     InvalidConfiguration,
     MalformedRequest,
     MediaRefsOnLanguageModelOnlyDecode,
@@ -59,6 +60,7 @@ _POLICY_ERRORS: Final = (
     ClientTooSlow,
     NoDecodeWorkerAvailable,
     Unauthorized,
+    Forbidden,
     InvalidConfiguration,
 )
 

@@ -18,6 +18,7 @@ from typing import ClassVar, Final
 __all__ = [
     "ERROR_CODE_HEADER",
     "RETRYABLE_STATUSES",
+    "Forbidden",
     "InvalidConfiguration",
     "MalformedRequest",
     "MediaRefsOnLanguageModelOnlyDecode",
@@ -262,6 +263,21 @@ class Unauthorized(PolicyError):
         "not one it accepts. No worker is called. The key is never echoed."
     )
     default_message = "a valid API key is required: send it as 'Authorization: Bearer <key>'"
+
+
+class Forbidden(PolicyError):
+    """The caller may not do this: a route for the router's admins, called without an
+    admin key, or an admin's call the router's bounds do not allow."""
+
+    code = "pd_forbidden"
+    status = 403
+    meaning = (
+        "The route is the router's admins' (/admin/*) and the request carried no admin key "
+        "(an API client's key is never one), or an admin asked for what the router's bounds "
+        "refuse (a worker on a host --admin-allowed-hosts does not list). No worker is "
+        "called. The key is never echoed."
+    )
+    default_message = "this route needs an admin key: send it as 'Authorization: Bearer <key>'"
 
 
 class InvalidConfiguration(PolicyError):

@@ -216,7 +216,11 @@ def test_metrics_count_requests_by_form_and_outcome_and_show_each_member() -> No
 def test_the_admin_routes_add_list_and_drain_members() -> None:
     async def test(url: str, ps: list[Stand], ds: list[Stand], proxy: Proxy) -> None:
         leaving = ds[0]
-        async with aiohttp.ClientSession() as session:
+        # The API takes no key here; the admin routes still take the admin's only.
+        async with aiohttp.ClientSession() as anonymous, anonymous.get(f"{url}/admin/workers") as r:
+            assert r.status == 403
+        admin = {"Authorization": "Bearer admin-secret"}
+        async with aiohttp.ClientSession(headers=admin) as session:
             async with session.delete(f"{url}/admin/workers", json={"url": leaving.url}) as r:
                 assert r.status == 202
             for i in range(3):
@@ -231,7 +235,7 @@ def test_the_admin_routes_add_list_and_drain_members() -> None:
         assert all(w["health"] == "healthy" for w in listed)
         assert all("url" not in w for w in listed)
 
-    run(test, admin=True)
+    run(test, admin=True, keys=Keys(admins=("admin-secret",)))
 
 
 def test_an_ipv6_fleet_behind_an_ipv6_proxy() -> None:

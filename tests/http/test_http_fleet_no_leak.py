@@ -57,7 +57,7 @@ def test_no_body_log_line_or_metric_shows_a_secret(caplog: pytest.LogCaptureFixt
             fleet.add("prefill", HttpWorker(p_url, WorkerCapability(Support.TRUE)), healthy=True)
             for url in (with_creds, d_url, f"http://user:{MARK}@127.0.0.1:9"):
                 fleet.add("decode", HttpWorker(url, WorkerCapability(Support.FALSE)), healthy=True)
-            keys = Keys(f"worker-{MARK}", (f"client-{MARK}",))
+            keys = Keys(f"worker-{MARK}", (f"client-{MARK}",), (f"admin-{MARK}",))
             proxy = Proxy(fleet=fleet, mrope=False, keys=keys, admin=True, attempts=3)
             async with serving(proxy.app()) as url, aiohttp.ClientSession() as session:
                 bearer = {"Authorization": f"Bearer client-{MARK}"}
@@ -72,9 +72,13 @@ def test_no_body_log_line_or_metric_shows_a_secret(caplog: pytest.LogCaptureFixt
                 for path in ("/metrics", "/admin/workers", "/v1/models"):
                     async with session.get(url + path, headers=bearer) as r:
                         seen.append(await r.text())
-                async with session.delete(f"{url}/admin/workers", json={"url": with_creds},
-                                          headers=bearer) as r:  # fmt: skip
-                    seen.append(await r.text())
+                admin = {"Authorization": f"Bearer admin-{MARK}"}
+                for key in (bearer, admin):
+                    async with session.get(f"{url}/admin/workers", headers=key) as r:
+                        seen.append(await r.text())
+                    async with session.delete(f"{url}/admin/workers", json={"url": with_creds},
+                                              headers=key) as r:  # fmt: skip
+                        seen.append(await r.text())
             assert sick.calls or any(c["authorization"] for c in decode.calls)
 
     asyncio.run(main())

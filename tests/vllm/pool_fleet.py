@@ -23,12 +23,14 @@ from live_engines import connector
 from servers import START_TIMEOUT, Server, free_port, running, stop_all
 from tiny_models import TinyModel
 
-__all__ = ["CLIENT_KEY", "WORKER_KEY", "Pool", "fleet_proxy", "pool_fleet"]
+__all__ = ["ADMIN_KEY", "CLIENT_KEY", "WORKER_KEY", "Pool", "fleet_proxy", "pool_fleet"]
 
 #: The key every worker of the pool takes (``vllm serve --api-key``): a test secret.
 WORKER_KEY: Final = "pool-worker-key"
 #: The key the proxy in front of the pool takes from its clients.
 CLIENT_KEY: Final = "pool-client-key"
+#: The key the proxy's admin routes take: not a client's.
+ADMIN_KEY: Final = "pool-admin-key"
 
 
 @attrs.define
@@ -88,7 +90,7 @@ def pool_fleet(model: TinyModel, root: Path) -> Iterator[Pool]:
 def fleet_proxy(pool: Pool, *flags: str) -> tuple[Server, str]:
     """``pd-policy-proxy`` in front of the whole pool, not yet started, and its URL: the
     workers' key from the environment, the clients' from a file, probes every second,
-    the admin routes."""
+    the admin routes, to the admin key of the environment."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     keys = pool.root / "client-keys"
@@ -99,6 +101,6 @@ def fleet_proxy(pool: Pool, *flags: str) -> tuple[Server, str]:
         argv += ["--prefill", pool.urls[name]]
     for name in ("d1", "d2"):
         argv += ["--decode", pool.urls[name]]
-    env = {"PD_POLICY_WORKER_API_KEY": WORKER_KEY}
+    env = {"PD_POLICY_WORKER_API_KEY": WORKER_KEY, "PD_POLICY_ADMIN_API_KEYS": ADMIN_KEY}
     server = Server("fleet-proxy", argv, pool.root / "fleet-proxy.log", lambda: _healthy(url), env)
     return server, url

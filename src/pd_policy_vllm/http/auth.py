@@ -3,15 +3,19 @@
 Production workers run ``vllm serve --api-key``, and a proxy is a front door. The
 workers' key goes on every leg (``Authorization: Bearer``); the clients' keys, when any
 are set, are required of every request but ``/health``, and compared in constant time.
-Keys come from the environment or from files, never from a flag that ``ps`` shows, and
-no repr, log line, error or metric ever holds one.
+The admins' keys are another set: only they admit ``/admin/*`` (a client's key never
+does), and they admit nothing else unless also listed as a client's. Keys come from the
+environment or from files (an admin key also from ``--admin-api-key``, for a start-up
+script that has it), and no repr, log line, error or metric ever holds one: an admin is
+logged by [`key_id`][pd_policy_vllm.http.auth.key_id].
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
@@ -20,12 +24,15 @@ import attrs
 
 from pd_policy import InvalidConfiguration
 
-__all__ = ["CLIENT_KEYS_ENV", "WORKER_KEY_ENV", "Keys", "for_url", "read_keys"]
+__all__ = ["ADMIN_KEYS_ENV", "CLIENT_KEYS_ENV", "WORKER_KEY_ENV", "Keys", "for_url", "key_id",
+           "read_keys"]  # fmt: skip
 
 #: The environment variable the workers' key is read from.
 WORKER_KEY_ENV: Final = "PD_POLICY_WORKER_API_KEY"
 #: The environment variable the clients' keys are read from (comma-separated).
 CLIENT_KEYS_ENV: Final = "PD_POLICY_API_KEYS"
+#: The environment variable the admins' keys are read from (comma-separated).
+ADMIN_KEYS_ENV: Final = "PD_POLICY_ADMIN_API_KEYS"
 _BEARER: Final = "bearer "
 
 
@@ -33,13 +40,33 @@ def _hidden(value: object) -> str:
     return "<unset>" if not value else "<redacted>"
 
 
+def key_id(key: str) -> str:
+    """The name a key is logged by: the first 8 hex digits of its SHA-256, which say which
+    key it was (``printf %s "$KEY" | sha256sum | cut -c1-8``) and not what it is."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+
+
+def _matching(authorization: str | None, keys: Sequence[str]) -> str | None:
+    # Every key is compared, each in constant time, with no early exit: the time taken
+    # says nothing about which key, or how much of one, matched.
+    if not authorization or authorization[: len(_BEARER)].lower() != _BEARER:
+        return None
+    given = authorization[len(_BEARER) :].strip().encode("utf-8", "surrogatepass")
+    found = None
+    for key in keys:
+        if hmac.compare_digest(given, key.encode("utf-8", "surrogatepass")):
+            found = key
+    return found
+
+
 @attrs.frozen(slots=True)
 class Keys:
-    """The workers' key (``None``: they take none) and the keys clients may present
-    (empty: any client may call)."""
+    """The workers' key (``None``: they take none), the keys clients may present
+    (empty: any client may call) and the admins' keys (empty: no one is an admin)."""
 
     worker: str | None = attrs.field(default=None, repr=_hidden)
     clients: tuple[str, ...] = attrs.field(default=(), repr=_hidden)
+    admins: tuple[str, ...] = attrs.field(default=(), repr=_hidden)
 
     def worker_headers(self) -> dict[str, str]:
         """The headers every leg to a worker carries."""
@@ -49,16 +76,15 @@ class Keys:
         """Whether a request whose ``Authorization`` header is ``authorization`` may call.
 
         Every key is compared, each in constant time, so the time taken says nothing about
-        which key, or how much of one, matched."""
-        if not self.clients:
-            return True
-        if not authorization or authorization[: len(_BEARER)].lower() != _BEARER:
-            return False
-        given = authorization[len(_BEARER) :].strip().encode("utf-8", "surrogatepass")
-        matched = False
-        for key in self.clients:
-            matched |= hmac.compare_digest(given, key.encode("utf-8", "surrogatepass"))
-        return matched
+        which key, or how much of one, matched. An admin's key is not a client's."""
+        return not self.clients or _matching(authorization, self.clients) is not None
+
+    def admin(self, authorization: str | None) -> str | None:
+        """The [`key_id`][pd_policy_vllm.http.auth.key_id] of the admin whose key
+        ``authorization`` presents; ``None`` for anyone else (no key, a client's key, a
+        wrong one). Compared as [`admits`][pd_policy_vllm.http.auth.Keys.admits] does."""
+        found = _matching(authorization, self.admins)
+        return key_id(found) if found is not None else None
 
 
 def for_url(headers: Mapping[str, str] | None, url: str) -> dict[str, str]:
@@ -86,10 +112,13 @@ def read_keys(
     *,
     worker_key_file: Path | None = None,
     client_keys_file: Path | None = None,
+    admin_keys: Sequence[str] = (),
+    admin_keys_file: Path | None = None,
 ) -> Keys:
     """The keys, from files when given, else from the environment (``env``: the process's
-    by default). A worker key file holds one key; a client keys file one key a line
-    (``#`` starts a comment). Raises
+    by default). A worker key file holds one key; a client or admin keys file one key a
+    line (``#`` starts a comment). The admins' are ``admin_keys`` (``--admin-api-key``)
+    and those of their file or, without one, of the environment. Raises
     [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a file that
     cannot be read, or that holds no key, or more than one worker key."""
     env = os.environ if env is None else env
@@ -106,5 +135,17 @@ def read_keys(
         if not clients:
             raise InvalidConfiguration("the client keys file holds no key", param="api_keys_file")
     else:
-        clients = [k.strip() for k in env.get(CLIENT_KEYS_ENV, "").split(",") if k.strip()]
-    return Keys(worker, tuple(clients))
+        clients = _listed(env, CLIENT_KEYS_ENV)
+    if admin_keys_file is not None:
+        admins = _lines(admin_keys_file, "admin_api_keys_file")
+        if not admins:
+            raise InvalidConfiguration("the admin keys file holds no key",
+                                       param="admin_api_keys_file")  # fmt: skip
+    else:
+        admins = _listed(env, ADMIN_KEYS_ENV)
+    admins = [k.strip() for k in admin_keys if k.strip()] + admins
+    return Keys(worker, tuple(clients), tuple(admins))
+
+
+def _listed(env: Mapping[str, str], name: str) -> list[str]:
+    return [k.strip() for k in env.get(name, "").split(",") if k.strip()]

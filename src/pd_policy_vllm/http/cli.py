@@ -1,7 +1,8 @@
 """``pd-policy-proxy``: run the P/D proxy in front of a fleet of ``vllm serve`` workers.
 
     pd-policy-proxy --prefill URL [--prefill URL ...] --decode URL [--decode URL ...]
-                    [--encode URL ...] [--mrope | --no-mrope] [--processes N] [--admin]
+                    [--encode URL ...] [--mrope | --no-mrope] [--processes N]
+                    [--admin [--admin-allowed-hosts HOSTS]]
 
 At start-up it asks each worker for its configuration (``GET /server_info``, served
 when the worker runs with ``VLLM_SERVER_DEV_MODE=1``); for a worker that does not
@@ -10,7 +11,9 @@ Whether the model's positions are M-RoPE no worker says: ``--mrope`` or ``--no-m
 is required when a decode worker is language-model-only. Then it probes every worker
 (``--probe-interval``), ejects one that fails, and re-admits it, described anew, when
 it is back. It binds to 127.0.0.1 by default, drains on SIGTERM (no new connection,
-the requests in flight finish), and exits 2 for a configuration it cannot serve.
+the requests in flight finish), and exits 2 for a configuration it cannot serve
+(``--admin`` without an admin key among them: ``/admin/*`` is never open, nor the
+clients').
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from pd_policy import (
 
 from .aio import access_logger, aiohttp, web
 from .auth import Keys, read_keys
-from .flags import client_uuids, front_door, operator_says, parser, upstream_limits
+from .flags import admin_hosts, client_uuids, front_door, operator_says, parser, upstream_limits
+from .fleet.allowed_hosts import AllowedHosts
 from .fleet.describe import OperatorSays, describe
 from .fleet.members import Fleet
 from .fleet.probe import Probe
@@ -140,9 +144,28 @@ def _members(fleet: Fleet) -> None:
                     member.worker.renders)  # fmt: skip
 
 
-def _configured(args: argparse.Namespace) -> tuple[Fleet, Keys, RemoteMedia | None]:
+def _admin(args: argparse.Namespace) -> tuple[Keys, AllowedHosts | None]:
+    # Decided before any worker is waited for: a proxy that cannot start says so at once.
     keys = read_keys(worker_key_file=args.worker_api_key_file,
-                     client_keys_file=args.api_keys_file)  # fmt: skip
+                     client_keys_file=args.api_keys_file, admin_keys=args.admin_api_key,
+                     admin_keys_file=args.admin_api_keys_file)  # fmt: skip
+    if args.admin and not keys.admins:
+        raise InvalidConfiguration(
+            "--admin needs an admin key: --admin-api-key, --admin-api-keys-file or "
+            "$PD_POLICY_ADMIN_API_KEYS (a client's key never admits /admin)",
+            param="admin_api_key",
+        )
+    hosts = admin_hosts(args)
+    if hosts is not None and not args.admin:
+        raise InvalidConfiguration("--admin-allowed-hosts bounds --admin, which is not set",
+                                   param="admin_allowed_hosts")  # fmt: skip
+    return keys, hosts
+
+
+def _configured(
+    args: argparse.Namespace,
+) -> tuple[Fleet, Keys, RemoteMedia | None, AllowedHosts | None]:
+    keys, hosts = _admin(args)
     fleet = asyncio.run(read_fleet(args, keys))
     remote = RemoteMedia(args.remote_media) if args.remote_media else None
     unknown = [m for m in fleet.of("prefill") if not m.worker.media.rules.known]
@@ -159,7 +182,7 @@ def _configured(args: argparse.Namespace) -> tuple[Fleet, Keys, RemoteMedia | No
             "uses M-RoPE: pass --mrope or --no-mrope",
             param="mrope",
         )
-    return fleet, keys, remote
+    return fleet, keys, remote, hosts
 
 
 def _run(args: argparse.Namespace, proxy: Proxy) -> None:
@@ -203,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parser().parse_args(argv)
     try:
-        fleet, keys, remote = _configured(args)
+        fleet, keys, remote, hosts = _configured(args)
     except (InvalidConfiguration, aiohttp.ClientError) as exc:
         print(f"pd-policy-proxy: {exc}", file=sys.stderr)
         return 2
@@ -214,8 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Proxy(
             fleet=fleet, mrope=bool(args.mrope), remote_media=remote, keys=keys,
             attempts=args.attempts, probe=probe if args.probe_interval > 0 else None,
-            admin=args.admin, log_requests=args.access_log, front_door=front_door(args),
-            limits=upstream_limits(args),
+            admin=args.admin, admin_hosts=hosts, log_requests=args.access_log,
+            front_door=front_door(args), limits=upstream_limits(args),
             client_uuids=client_uuids(args),
         )  # fmt: skip
 

@@ -3,7 +3,9 @@
 Workers are named by URL, IPv6 literals in brackets (``http://[::1]:8100``); each of
 ``--prefill``, ``--decode`` and ``--encode`` repeats. Keys never come from a flag that
 ``ps`` would show: ``--worker-api-key-file`` and ``--api-keys-file``, or the environment
-([`auth`][pd_policy_vllm.http.auth]).
+([`auth`][pd_policy_vllm.http.auth]); the one exception is ``--admin-api-key``, as other
+gateways spell it, for a start-up script that has the key (``--admin-api-keys-file`` and
+``$PD_POLICY_ADMIN_API_KEYS`` keep it out of ``ps``).
 """
 
 from __future__ import annotations
@@ -14,12 +16,20 @@ from pathlib import Path
 from pd_policy import Balance, ClientUuids, KvConnectorMode
 
 from .body import MAX_BODY
+from .fleet.allowed_hosts import AllowedHosts, allowed_hosts
 from .fleet.describe import CAPABILITIES, OperatorSays
 from .front_door import BODY_TIMEOUT, HEADER_TIMEOUT, FrontDoor
 from .pin import RemoteMedia
 from .upstream import DEFAULT_LIMITS, Limits
 
-__all__ = ["client_uuids", "front_door", "operator_says", "parser", "upstream_limits"]
+__all__ = [
+    "admin_hosts",
+    "client_uuids",
+    "front_door",
+    "operator_says",
+    "parser",
+    "upstream_limits",
+]
 
 
 def _bind_host(value: str) -> str:
@@ -131,12 +141,22 @@ def parser() -> argparse.ArgumentParser:
     add(
         "--admin",
         action="store_true",
-        help="serve /admin/workers: list, add and drain workers at run time",
+        help="serve /admin/workers: list, add and drain workers at run time, to an admin "
+        "key only (one is required)",
     )
     add("--trust-client-uuids", action="store_true",
         help="forward a client's media uuid as sent, as vLLM takes it: every client's uuids "
         "then share one namespace, and one tenant's uuid can name another's image (default: "
         "each uuid is scoped to its tenant, the request's cache_salt and API key)")  # fmt: skip
+    add("--admin-api-key", action="append", default=[], metavar="KEY",
+        help="a key that admits /admin/* (repeat; also $PD_POLICY_ADMIN_API_KEYS, "
+        "comma-separated): never a client's, and it admits no /v1 route unless also one. "
+        "A flag shows in ps: prefer the environment or --admin-api-keys-file")  # fmt: skip
+    add("--admin-api-keys-file", type=Path,
+        help="a file of admin keys, one a line (else $PD_POLICY_ADMIN_API_KEYS)")  # fmt: skip
+    add("--admin-allowed-hosts", action="append", metavar="HOSTS",
+        help="the hosts an admin may add a worker on: names, addresses and CIDR networks "
+        "(repeat, or comma-separated; a network matches address literals only) (any)")  # fmt: skip
     add("--max-body-mib", type=_positive, default=MAX_BODY / 2**20,
         help="the largest request body a client may send, in MiB: a 413 above (256)")  # fmt: skip
     add("--header-timeout", type=_positive, default=HEADER_TIMEOUT,
@@ -179,6 +199,13 @@ def upstream_limits(args: argparse.Namespace) -> Limits:
                   max_response_bytes=int(args.max_response_mib * 2**20),
                   max_connections=args.max_connections_per_worker,
                   queue_timeout=args.worker_queue_timeout)  # fmt: skip
+
+
+def admin_hosts(args: argparse.Namespace) -> AllowedHosts | None:
+    """The hosts an admin may add a worker on; ``None``: any. Raises
+    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for an entry that is
+    not a host, an address or a network."""
+    return allowed_hosts(args.admin_allowed_hosts) if args.admin_allowed_hosts else None
 
 
 def front_door(args: argparse.Namespace) -> FrontDoor:

@@ -33,7 +33,6 @@ from pd_policy import (
     RequestLife,
     Stage,
     Unauthorized,
-    WorkerFailedToStart,
     done,
     fail,
     responding,
@@ -45,7 +44,8 @@ from .auth import Keys
 from .body import read_body
 from .codec import loads
 from .fleet.admin import add_admin_routes
-from .fleet.members import Fleet, Member
+from .fleet.allowed_hosts import AllowedHosts
+from .fleet.members import Fleet
 from .fleet.metrics import CONTENT_TYPE, Metrics
 from .fleet.models import fleet_models
 from .fleet.probe import Probe, probing
@@ -78,8 +78,9 @@ class Proxy:
     when the chosen prefill's media rules are known, else leave it uncached).
     ``keys``: the workers' key and the clients'. ``attempts``: how many times a request
     may be tried in all. ``probe``: how the fleet is probed (``None``: not at all).
-    ``admin``: serve the fleet's routes. ``trace_configs`` go to the ``aiohttp`` session
-    (probes, models, fetched media), ``observers`` to the legs' client
+    ``admin``: serve the fleet's routes, to the admins' keys only; ``admin_hosts``: the
+    hosts an admin may add a worker on (``None``: any). ``trace_configs`` go to the
+    ``aiohttp`` session (probes, models, fetched media), ``observers`` to the legs' client
     ([`Upstream`][pd_policy_vllm.http.upstream.Upstream]; tests record legs with them).
     ``log_requests``: one JSON line a request on the ``pd_policy_vllm.http.requests`` logger.
     ``front_door``: the limits on clients' bodies and their time
@@ -89,8 +90,9 @@ class Proxy:
     ``client_uuids``: a client's media ``uuid`` is scoped to its tenant, or trusted
     ([`ClientUuids`][pd_policy.uuid_scope.ClientUuids]).
 
-    Raises ``ValueError`` without a fleet or a pair, and for ``RemoteMedia.FETCH`` with a
-    prefill whose media rules are unknown (the proxy cannot tell what it would refuse).
+    Raises ``ValueError`` without a fleet or a pair, for ``admin`` with no admin key, and
+    for ``RemoteMedia.FETCH`` with a prefill whose media rules are unknown (the proxy
+    cannot tell what it would refuse).
     """
 
     def __init__(
@@ -106,6 +108,7 @@ class Proxy:
         attempts: int = 2,
         probe: Probe | None = None,
         admin: bool = False,
+        admin_hosts: AllowedHosts | None = None,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
         observers: Sequence[Observer] = (),
         log_requests: bool = True,
@@ -125,7 +128,10 @@ class Proxy:
             raise ValueError("fetching remote media needs the prefill workers' media rules")
         self.fleet, self.mrope, self.remote_media = fleet, mrope, remote_media
         self.keys = keys if keys is not None else Keys()
+        if admin and not self.keys.admins:
+            raise ValueError("serving the admin routes needs an admin key")
         self.attempts, self.probe, self.admin = attempts, probe, admin
+        self.admin_hosts = admin_hosts
         self.trace_configs = list(trace_configs)
         self.observers = list(observers)
         self.log_requests = log_requests
@@ -266,7 +272,7 @@ class Proxy:
                     # No other worker to try: the client gets the failure that made it try.
                     exc = last
                 last = exc
-                blamed = self._blame(choice, exc)
+                blamed = choice.blame(self.fleet, exc) if choice is not None else None
                 life = fail(life, exc, blamed.name if blamed is not None else None)
                 if life.stage is Stage.PLANNING:
                     self.metrics.retries.labels(getattr(exc, "leg", "plan")).inc()
@@ -279,7 +285,7 @@ class Proxy:
             self.metrics.decode_bytes.observe(relayed.sent)
             life = responding(life)
             if relayed.late_error is not None:
-                self._blame(choice, relayed.late_error)
+                choice.blame(self.fleet, relayed.late_error)
                 life = fail(life, relayed.late_error, choice.decode.name)
                 code = relayed.late_error.code
                 self._done(path, form, code, choice, life.attempt, request_id, 200, arrived)
@@ -288,15 +294,6 @@ class Proxy:
                 self.fleet.succeeded(member)
             self._done(path, form, "ok", choice, done(life).attempt, request_id, 200, arrived)
             return relayed.response
-
-    def _blame(self, choice: Choice | None, error: PolicyError) -> Member | None:
-        """The member a worker's failure is on, counted against its health when the
-        worker failed (a 5xx, or unreachable), not the request (a 4xx)."""
-        leg = getattr(error, "leg", None)
-        member = choice.of(leg) if choice is not None and isinstance(leg, str) else None
-        if member is not None and isinstance(error, WorkerFailedToStart) and error.status >= 500:
-            self.fleet.failed(member)
-        return member
 
     def _done(
         self, route: str, form: str | None, outcome: str, choice: Choice | None, attempts: int,

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from http_peers import data_url, http_json
 from llava_prompts import TEXT
-from pool_fleet import CLIENT_KEY, WORKER_KEY, Pool, fleet_proxy
+from pool_fleet import ADMIN_KEY, CLIENT_KEY, WORKER_KEY, Pool, fleet_proxy
 from router_side import image
 from servers import Server, running
 
@@ -81,7 +81,7 @@ def routed(pool: Pool, since: int = 0) -> list[dict[str, Any]]:
 
 
 def members(url: str) -> dict[str, dict[str, Any]]:
-    status, listing = call(url, None, CLIENT_KEY, "/admin/workers")
+    status, listing = call(url, None, ADMIN_KEY, "/admin/workers")
     assert status == 200, listing
     return {w["name"]: w for w in listing["workers"]}
 
@@ -127,6 +127,11 @@ def _worker_chats(pool: Pool) -> int:
     return sum(p.read_text(errors="replace").count("POST /v1/chat/completions") for p in logs)
 
 
+def _worker_infos(pool: Pool) -> int:
+    logs = [pool.root / f"{n}.log" for n in pool.urls]
+    return sum(p.read_text(errors="replace").count("GET /server_info") for p in logs)
+
+
 def test_a_client_without_the_key_is_a_401_and_no_worker_is_called(
     llava_pool: Pool, proxy: tuple[Server, str]
 ) -> None:
@@ -136,6 +141,16 @@ def test_a_client_without_the_key_is_a_401_and_no_worker_is_called(
         status, reply = call(url, body(1, "key"), key)
         assert status == 401 and reply["error"]["code"] == "pd_unauthorized"
         assert reply["error"]["type"] == "unauthorized" and CLIENT_KEY not in json.dumps(reply)
+    # An API client adds no worker: 403, and the worker it names is never described.
+    infos = _worker_infos(llava_pool)
+    assert infos  # the proxy described each worker at start: the log shows such calls
+    join = {"role": "decode", "url": llava_pool.urls["d1"]}
+    for key in (CLIENT_KEY, None):
+        status, reply = call(url, join, key, "/admin/workers")
+        assert status == 403 and reply["error"]["code"] == "pd_forbidden"
+    assert _worker_infos(llava_pool) == infos
+    # Nor is an admin's key a client's.
+    assert call(url, body(1, "key"), ADMIN_KEY)[0] == 401
     assert _worker_chats(llava_pool) == before
     # The workers require theirs: a client that reached one without it would get a 401.
     assert call(llava_pool.urls["d1"], body(None, "key"), None)[0] == 401

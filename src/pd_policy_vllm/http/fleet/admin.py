@@ -6,19 +6,27 @@
 - ``DELETE /admin/workers`` ``{"url": ...}``: the member drains: no new request goes to
   it, and it leaves once its requests are done (202).
 
-They take the clients' key when one is set, like every route but ``/health``. A URL is
-never echoed: a member is shown by its name (``scheme://host:port``).
+They take an admin's key, never a client's: anyone else gets a 403 (``pd_forbidden``),
+anonymous or not, and nothing is called. With ``--admin-allowed-hosts``, a worker is
+added only on a host it lists
+([`AllowedHosts`][pd_policy_vllm.http.fleet.allowed_hosts.AllowedHosts]), else a 403
+and nothing is called: so the workers' key goes only to workers the operator listed, or
+an admin added within the operator's bounds. Every change, and every refusal of
+one, is a line on the ``pd_policy_vllm.http.admin`` logger: the admin's key id, the
+action, the role, the member's name, the outcome. A URL is never echoed nor logged: a
+member is shown by its name (``scheme://host:port``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import logging
+from typing import TYPE_CHECKING, Any, Final
 
-from pd_policy import InvalidConfiguration, MalformedRequest, PolicyError
+from pd_policy import Forbidden, InvalidConfiguration, MalformedRequest, PolicyError
 from pd_policy_vllm.http.aio import aiohttp, web
 from pd_policy_vllm.http.codec import loads
 from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
-from pd_policy_vllm.http.fleet.members import ROLES
+from pd_policy_vllm.http.fleet.members import ROLES, member_name
 from pd_policy_vllm.http.relay import error_response, unreachable
 
 if TYPE_CHECKING:
@@ -27,15 +35,39 @@ if TYPE_CHECKING:
 __all__ = ["add_admin_routes"]
 
 _ROUTE = "/admin/workers"
+audit: Final = logging.getLogger("pd_policy_vllm.http.admin")
+
+
+_DONE: Final = frozenset({"added", "draining"})
+
+
+def _name(url: object) -> str:
+    # The member's name: the URL less its credentials, path and query; a caller's URL
+    # that would write more than a name into the line (a line break, say) is not written.
+    try:
+        name = member_name(url) if isinstance(url, str) else "-"
+    except ValueError:
+        return "-"
+    return name if name.isascii() and name.isprintable() else "-"
+
+
+def _log(who: str | None, action: str, role: object, url: object, outcome: str) -> None:
+    # A refusal is a warning: someone tried to change the fleet and could not.
+    role = role if isinstance(role, str) and role in ROLES else "-"
+    audit.log(logging.INFO if outcome in _DONE else logging.WARNING,
+              "admin %s role=%s worker=%s by=%s outcome=%s", action, role, _name(url),
+              f"key:{who}" if who else "not-an-admin", outcome)  # fmt: skip
 
 
 def add_admin_routes(app: web.Application, proxy: Proxy) -> None:
     """Serve the fleet's routes on ``app``."""
 
+    def admin(request: web.Request) -> str | None:
+        return proxy.keys.admin(request.headers.get("Authorization"))
+
     async def listing(request: web.Request) -> web.Response:
-        refused = proxy.admitted(request)
-        if refused is not None:
-            return refused
+        if admin(request) is None:
+            return error_response(Forbidden())
         members = [
             {"role": m.role, "name": m.name, "health": m.health.health.value,
              "outstanding": m.outstanding,
@@ -51,14 +83,18 @@ def add_admin_routes(app: web.Application, proxy: Proxy) -> None:
         return body
 
     async def join(request: web.Request) -> web.Response:
-        refused = proxy.admitted(request)
-        if refused is not None:
-            return refused
+        who, body = admin(request), None
         try:
+            if who is None:
+                raise Forbidden()
             body = await body_of(request)
             role = body.get("role")
             if role not in ROLES:
                 raise MalformedRequest(f"role must be one of {', '.join(ROLES)}", param="role")
+            hosts = proxy.admin_hosts
+            if hosts is not None and not hosts.allows(body["url"]):
+                raise Forbidden("the worker's host is not one --admin-allowed-hosts lists",
+                                param="url")  # fmt: skip
             says = proxy.probe.says if proxy.probe is not None else OperatorSays()
             try:
                 worker = await describe(proxy.session(request), body["url"], role, says,
@@ -67,21 +103,26 @@ def add_admin_routes(app: web.Application, proxy: Proxy) -> None:
                 raise unreachable(role if role != "encode" else "encode", exc) from exc
             member = proxy.fleet.add(role, worker, healthy=True)
         except (PolicyError, InvalidConfiguration) as exc:
+            body = body or {}
+            _log(who, "add", body.get("role"), body.get("url"), exc.code)
             return error_response(exc)
+        _log(who, "add", role, body["url"], "added")
         return web.json_response({"role": role, "name": member.name}, status=201)
 
     async def leave(request: web.Request) -> web.Response:
-        refused = proxy.admitted(request)
-        if refused is not None:
-            return refused
+        who, body = admin(request), None
         try:
+            if who is None:
+                raise Forbidden()
             body = await body_of(request)
+            member = proxy.fleet.find(body["url"])
+            if member is None:
+                raise MalformedRequest("no member at that URL", param="url")
         except PolicyError as exc:
+            _log(who, "drain", None, (body or {}).get("url"), exc.code)
             return error_response(exc)
-        member = proxy.fleet.find(body["url"])
-        if member is None:
-            return error_response(MalformedRequest("no member at that URL", param="url"))
         proxy.fleet.drain(member)
+        _log(who, "drain", member.role, member.worker.url, "draining")
         return web.json_response({"name": member.name, "health": "draining"}, status=202)
 
     app.router.add_get(_ROUTE, listing)

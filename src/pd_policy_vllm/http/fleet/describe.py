@@ -66,10 +66,14 @@ async def server_info(
     session: aiohttp.ClientSession, url: str, headers: Mapping[str, str]
 ) -> dict[str, Any] | None:
     """The worker's ``/server_info`` (its ``vllm_config`` and ``vllm_env``), or ``None``
-    when it does not serve it. Raises ``aiohttp.ClientError`` when it cannot be reached."""
+    when it does not serve it (a redirect included). Raises ``aiohttp.ClientError`` when
+    it cannot be reached."""
+    # A worker is its own URL: a redirect is not followed, so the workers' key and the
+    # proxy's calls go nowhere the operator or an admin did not name.
     async with session.get(
-        f"{url}/server_info", params={"config_format": "json"}, headers=for_url(headers, url)
-    ) as response:
+        f"{url}/server_info", params={"config_format": "json"}, headers=for_url(headers, url),
+        allow_redirects=False,
+    ) as response:  # fmt: skip
         if response.status != 200:
             return None
         info = await response.json()
@@ -81,7 +85,8 @@ async def _serves(
 ) -> bool:
     # Without --enable-scale-out every such route answers 403, and a server without the
     # route 404; with it, an empty body is a validation error (400 or 422).
-    async with session.post(url + route, json={}, headers=for_url(headers, url)) as response:
+    async with session.post(url + route, json={}, headers=for_url(headers, url),
+                            allow_redirects=False) as response:  # fmt: skip
         return response.status in (400, 422)
 
 

@@ -43,7 +43,7 @@ async def _healthy(
     try:
         async with session.get(
             f"{member.worker.url}/health", headers=for_url(headers, member.worker.url),
-            timeout=aiohttp.ClientTimeout(total=probe.timeout),
+            timeout=aiohttp.ClientTimeout(total=probe.timeout), allow_redirects=False,
         ) as response:  # fmt: skip
             return response.status == 200
     except (aiohttp.ClientError, TimeoutError):

@@ -15,7 +15,14 @@ from typing import Any
 
 import attrs
 
-from pd_policy import Request, Support, WorkerCapability, place
+from pd_policy import (
+    PolicyError,
+    Request,
+    Support,
+    WorkerCapability,
+    WorkerFailedToStart,
+    place,
+)
 from pd_policy_vllm.http.fleet.members import Fleet, Member
 from pd_policy_vllm.http.identity import WorkerMedia
 from pd_policy_vllm.http.plan import as_decided, runs_epd
@@ -43,6 +50,15 @@ class Choice:
     def of(self, leg: str) -> Member | None:
         """The member of ``leg`` (``encode``, ``prefill``, ``decode``)."""
         return {"encode": self.encoder, "prefill": self.prefill, "decode": self.decode}.get(leg)
+
+    def blame(self, fleet: Fleet, error: PolicyError) -> Member | None:
+        """The member ``error`` is on, counted against its health in ``fleet`` when the
+        worker failed (a 5xx, or unreachable), not the request (a 4xx)."""
+        leg = getattr(error, "leg", None)
+        member = self.of(leg) if isinstance(leg, str) else None
+        if member is not None and isinstance(error, WorkerFailedToStart) and error.status >= 500:
+            fleet.failed(member)
+        return member
 
 
 def decode_capability(decode: Member) -> WorkerCapability:
