@@ -198,6 +198,22 @@ def test_keys_a_client_without_one_is_a_401_and_no_worker_is_called() -> None:
     run(test, keys=Keys("worker-secret", ("client-secret",)))
 
 
+def test_with_keys_metrics_are_for_the_clients_and_the_admins_only() -> None:
+    # /metrics names every worker's address: not for a caller the proxy would not admit.
+    async def test(url: str, ps: list[Stand], ds: list[Stand], proxy: Proxy) -> None:
+        statuses = {}
+        async with aiohttp.ClientSession() as session:
+            for key in (None, "wrong", "worker-secret", "client-secret", "admin-secret"):
+                headers = {"Authorization": f"Bearer {key}"} if key else {}
+                async with session.get(f"{url}/metrics", headers=headers) as r:
+                    statuses[key] = (r.status, "pd_policy_worker_up" in await r.text())
+        assert statuses == {None: (401, False), "wrong": (401, False),
+                            "worker-secret": (401, False), "client-secret": (200, True),
+                            "admin-secret": (200, True)}  # fmt: skip
+
+    run(test, keys=Keys("worker-secret", ("client-secret",), ("admin-secret",)))
+
+
 def test_metrics_count_requests_by_form_and_outcome_and_show_each_member() -> None:
     async def test(url: str, ps: list[Stand], ds: list[Stand], proxy: Proxy) -> None:
         await post(url, chat())

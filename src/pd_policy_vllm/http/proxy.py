@@ -185,6 +185,10 @@ class Proxy:
         return web.json_response({"status": "ok"})
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        # The fleet's addresses and load: for the clients the keys admit, and the admins.
+        authorization = request.headers.get("Authorization")
+        if not self.keys.admits(authorization) and self.keys.admin(authorization) is None:
+            return error_response(Unauthorized())
         return web.Response(
             body=self.metrics.render(self.fleet), headers={"Content-Type": CONTENT_TYPE}
         )
