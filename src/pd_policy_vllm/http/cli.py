@@ -35,7 +35,7 @@ from pd_policy import (
 
 from .aio import access_logger, aiohttp, web
 from .auth import Keys, read_keys
-from .flags import front_door, operator_says, parser
+from .flags import front_door, media_limits, operator_says, parser
 from .fleet.describe import OperatorSays, describe
 from .fleet.members import Fleet
 from .fleet.probe import Probe
@@ -215,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fleet=fleet, mrope=bool(args.mrope), remote_media=remote, keys=keys,
             attempts=args.attempts, probe=probe if args.probe_interval > 0 else None,
             admin=args.admin, log_requests=args.access_log, front_door=front_door(args),
+            media_limits=media_limits(args),
         )  # fmt: skip
 
     if args.processes > 1:

@@ -16,9 +16,10 @@ from pd_policy import Balance, KvConnectorMode
 from .body import MAX_BODY
 from .fleet.describe import CAPABILITIES, OperatorSays
 from .front_door import BODY_TIMEOUT, HEADER_TIMEOUT, FrontDoor
+from .media_guard import MEDIA_MAX_BYTES, MEDIA_MAX_REDIRECTS, MEDIA_TIMEOUT, MediaLimits
 from .pin import RemoteMedia
 
-__all__ = ["front_door", "operator_says", "parser"]
+__all__ = ["front_door", "media_limits", "operator_says", "parser"]
 
 
 def _bind_host(value: str) -> str:
@@ -30,6 +31,13 @@ def _positive(value: str) -> float:
     number = float(value)
     if not number > 0:
         raise argparse.ArgumentTypeError(f"must be positive, not {value}")
+    return number
+
+
+def _count(value: str, least: int = 0) -> int:
+    number = int(value)
+    if number < least:
+        raise argparse.ArgumentTypeError(f"must be {least} or more, not {value}")
     return number
 
 
@@ -84,6 +92,19 @@ def parser() -> argparse.ArgumentParser:
         help="the workers' --allowed-media-domains, when their servers do not say (none: any "
         "host); with it the proxy may fetch remote media for them",
     )
+    add("--media-max-bytes", type=lambda v: _count(v, 1), default=MEDIA_MAX_BYTES,
+        help="the most bytes the proxy fetches for one media item, beyond the worker's own "
+        f"cap: a 422 above ({MEDIA_MAX_BYTES})")  # fmt: skip
+    add("--media-max-redirects", type=_count, default=MEDIA_MAX_REDIRECTS,
+        help="redirects a media fetch may follow: a 422 past them "
+        f"({MEDIA_MAX_REDIRECTS})")  # fmt: skip
+    add("--media-timeout", type=_positive, default=MEDIA_TIMEOUT,
+        help="seconds one media fetch may take in all, beyond the worker's own time-out: "
+        f"a 504 after ({MEDIA_TIMEOUT:g})")  # fmt: skip
+    add("--media-allow-private-hosts", action="store_true",
+        help="let the proxy fetch media from loopback, private and link-local addresses, "
+        "which it refuses by default (labs only: a client could read the proxy's "
+        "network)")  # fmt: skip
     add(
         "--worker-api-key-file",
         type=Path,
@@ -154,3 +175,10 @@ def front_door(args: argparse.Namespace) -> FrontDoor:
     """The limits on clients the flags set."""
     return FrontDoor(max_body=int(args.max_body_mib * 2**20), header_timeout=args.header_timeout,
                      body_timeout=args.body_timeout)  # fmt: skip
+
+
+def media_limits(args: argparse.Namespace) -> MediaLimits:
+    """The proxy's own limits on a media fetch the flags set."""
+    return MediaLimits(max_bytes=args.media_max_bytes, max_redirects=args.media_max_redirects,
+                       timeout=args.media_timeout,
+                       allow_private_hosts=args.media_allow_private_hosts)  # fmt: skip

@@ -51,6 +51,7 @@ from .fleet.probe import Probe, probing
 from .fleet.routing import Choice, choose_members
 from .front_door import FrontDoor, refusal
 from .legs import Leg
+from .media_guard import MediaLimits, media_session
 from .pin import RemoteMedia
 from .relay import REQUEST_ID_HEADER, error_response, relay_decode
 from .request import Route
@@ -64,6 +65,7 @@ __all__ = ["REQUEST_ID_HEADER", "Proxy"]
 
 _SESSION: Final = web.AppKey("session", aiohttp.ClientSession)
 _UPSTREAM: Final = web.AppKey("upstream", Upstream)
+_MEDIA: Final = web.AppKey("media", aiohttp.ClientSession)
 
 
 class Proxy:
@@ -82,7 +84,10 @@ class Proxy:
     ``log_requests``: one JSON line a request on the ``pd_policy_vllm.http.requests`` logger.
     ``front_door``: the limits on clients' bodies and their time
     ([`FrontDoor`][pd_policy_vllm.http.front_door.FrontDoor]; its ``server_args`` go to
-    the server that runs [`app`][pd_policy_vllm.http.proxy.Proxy.app]).
+    the server that runs [`app`][pd_policy_vllm.http.proxy.Proxy.app]). ``media_limits``:
+    the proxy's own limits on a media fetch
+    ([`MediaLimits`][pd_policy_vllm.http.media_guard.MediaLimits]: public hosts only, by
+    default), over a session of its own.
 
     Raises ``ValueError`` without a fleet or a pair, and for ``RemoteMedia.FETCH`` with a
     prefill whose media rules are unknown (the proxy cannot tell what it would refuse).
@@ -105,6 +110,7 @@ class Proxy:
         observers: Sequence[Observer] = (),
         log_requests: bool = True,
         front_door: FrontDoor | None = None,
+        media_limits: MediaLimits | None = None,
     ) -> None:
         self.metrics = Metrics()
         if fleet is None:
@@ -127,6 +133,7 @@ class Proxy:
         self.observers = list(observers)
         self.log_requests = log_requests
         self.front_door = front_door if front_door is not None else FrontDoor()
+        self.media_limits = media_limits if media_limits is not None else MediaLimits()
         self.draining = False
 
     def app(self) -> web.Application:
@@ -146,10 +153,16 @@ class Proxy:
 
     async def _session(self, app: web.Application) -> Any:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
-        async with aiohttp.ClientSession(
-            timeout=timeout, trace_configs=self.trace_configs or None
-        ) as session:
-            app[_SESSION], app[_UPSTREAM] = session, Upstream(self.observers)
+        # Media on a session of its own: its guard refuses the private addresses that
+        # workers, probed on the other, are on.
+        media = media_session(self.media_limits, trace_configs=self.trace_configs)
+        async with (
+            media,
+            aiohttp.ClientSession(
+                timeout=timeout, trace_configs=self.trace_configs or None
+            ) as session,
+        ):
+            app[_SESSION], app[_UPSTREAM], app[_MEDIA] = session, Upstream(self.observers), media
             probes = (
                 contextlib.nullcontext()
                 if self.probe is None
@@ -227,8 +240,9 @@ class Proxy:
             self._log(request_id, path, None, None, exc.status, exc.code, 1, arrived)
             return await refusal(request, exc)
         upstream = request.app[_UPSTREAM]
-        attempt = Attempt(self.session(request), upstream, self.keys.worker_headers(),
-                          self.metrics, self.mrope, self.remote_media)  # fmt: skip
+        attempt = Attempt(request.app[_MEDIA], upstream, self.keys.worker_headers(),
+                          self.metrics, self.mrope, self.remote_media,
+                          self.media_limits)  # fmt: skip
         life = RequestLife(attempts=self.attempts)
         last: PolicyError | None = None
         while True:
