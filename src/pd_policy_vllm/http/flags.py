@@ -9,6 +9,7 @@ Workers are named by URL, IPv6 literals in brackets (``http://[::1]:8100``); eac
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from pathlib import Path
 
 from pd_policy import Balance, KvConnectorMode
@@ -105,6 +106,10 @@ def parser() -> argparse.ArgumentParser:
         help="let the proxy fetch media from loopback, private and link-local addresses, "
         "which it refuses by default (labs only: a client could read the proxy's "
         "network)")  # fmt: skip
+    add("--media-allow-network", action="append", default=[], metavar="CIDR",
+        type=ipaddress.ip_network,
+        help="a private network the proxy may fetch media from all the same, such as a "
+        "lab's media server's (repeat)")  # fmt: skip
     add(
         "--worker-api-key-file",
         type=Path,
@@ -181,4 +186,5 @@ def media_limits(args: argparse.Namespace) -> MediaLimits:
     """The proxy's own limits on a media fetch the flags set."""
     return MediaLimits(max_bytes=args.media_max_bytes, max_redirects=args.media_max_redirects,
                        timeout=args.media_timeout,
-                       allow_private_hosts=args.media_allow_private_hosts)  # fmt: skip
+                       allow_private_hosts=args.media_allow_private_hosts,
+                       allow_networks=args.media_allow_network)  # fmt: skip

@@ -20,14 +20,16 @@ large one decompressed in memory), and reads no proxy from the environment.
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import attrs
 
 from .aio import aiohttp
-from .media_address import refused_address
+from .media_address import Address, refused_address
 
 __all__ = [
     "MEDIA_MAX_BYTES",
@@ -58,18 +60,40 @@ def _not_negative(instance: object, attribute: attrs.Attribute[Any], value: int)
         raise ValueError(f"{attribute.name} must be a whole number >= 0, not {value!r}")
 
 
+def _networks(value: Iterable[str | ipaddress.IPv4Network | ipaddress.IPv6Network]) -> tuple[
+    ipaddress.IPv4Network | ipaddress.IPv6Network, ...
+]:  # fmt: skip
+    return tuple(ipaddress.ip_network(n) for n in value)
+
+
 @attrs.frozen(slots=True)
 class MediaLimits:
     """The proxy's own caps on a media fetch, beyond the worker's rules (the smaller of
-    the two applies): bytes, redirects and seconds in all; and whether private addresses
-    may be fetched from (``allow_private_hosts``: for labs, whose media servers are on
-    one). Raises ``ValueError`` for a cap that is not positive (``max_redirects``: ``0``
-    follows none)."""
+    the two applies): bytes, redirects and seconds in all; and which refused addresses
+    may be fetched from all the same: any (``allow_private_hosts``), or those in
+    ``allow_networks`` (CIDRs: a lab's media server, and no other). Raises
+    ``ValueError`` for a cap that is not positive (``max_redirects``: ``0`` follows
+    none), or a network that is not one."""
 
     max_bytes: int = attrs.field(default=MEDIA_MAX_BYTES, validator=_positive)
     max_redirects: int = attrs.field(default=MEDIA_MAX_REDIRECTS, validator=_not_negative)
     timeout: float = attrs.field(default=MEDIA_TIMEOUT, validator=_positive)
     allow_private_hosts: bool = False
+    allow_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = attrs.field(
+        default=(), converter=_networks
+    )
+
+    def refuses(self, address: str | Address) -> bool:
+        """Whether a fetch from ``address`` is refused (``ValueError`` for text that is not
+        an IP address)."""
+        if self.allow_private_hosts:
+            return False
+        if isinstance(address, str):
+            address = ipaddress.ip_address(address.partition("%")[0])
+        if not refused_address(address):
+            return False
+        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        return not any(a in n for n in self.allow_networks for a in (address, mapped) if a)
 
 
 class RefusedAddress(OSError):
@@ -83,17 +107,20 @@ class RefusedAddress(OSError):
 
 class GuardedResolver(aiohttp.abc.AbstractResolver):
     """``inner``'s answers (the default resolver's unless given) without the addresses
-    the proxy refuses; raises [`RefusedAddress`][pd_policy_vllm.http.media_guard.RefusedAddress]
+    ``limits`` refuse; raises [`RefusedAddress`][pd_policy_vllm.http.media_guard.RefusedAddress]
     for a name none of whose addresses is left. Made in a running event loop."""
 
-    def __init__(self, inner: aiohttp.abc.AbstractResolver | None = None) -> None:
+    def __init__(
+        self, limits: MediaLimits, inner: aiohttp.abc.AbstractResolver | None = None
+    ) -> None:
+        self._limits = limits
         self._inner = inner if inner is not None else aiohttp.DefaultResolver()
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[aiohttp.abc.ResolveResult]:
         answers = await self._inner.resolve(host, port, family)
-        kept = [answer for answer in answers if not refused_address(answer["host"])]
+        kept = [answer for answer in answers if not self._limits.refuses(answer["host"])]
         if not kept:
             raise RefusedAddress()
         return kept
@@ -102,9 +129,9 @@ class GuardedResolver(aiohttp.abc.AbstractResolver):
         await self._inner.close()
 
 
-def _guarded_socket(addr_info: tuple[Any, ...]) -> socket.socket:
+def _guarded_socket(limits: MediaLimits, addr_info: tuple[Any, ...]) -> socket.socket:
     family, type_, proto, _, address = addr_info
-    if refused_address(address[0]):
+    if limits.refuses(address[0]):
         raise RefusedAddress()
     return socket.socket(family=family, type=type_, proto=proto)
 
@@ -123,7 +150,8 @@ def media_session(
         connector = aiohttp.TCPConnector(resolver=resolver)
     else:
         connector = aiohttp.TCPConnector(
-            resolver=GuardedResolver(resolver), socket_factory=_guarded_socket
+            resolver=GuardedResolver(limits, resolver),
+            socket_factory=functools.partial(_guarded_socket, limits),
         )
     return aiohttp.ClientSession(
         connector=connector,

@@ -41,7 +41,7 @@ from pd_policy import (
 
 from .aio import aiohttp
 from .media import MediaPart, media_parts
-from .media_address import host_address, refused_address
+from .media_address import host_address
 from .media_guard import MediaLimits, RefusedAddress
 
 __all__ = ["RemoteMedia", "fetch_media", "pin_remote_media", "refuse_remote_media"]
@@ -147,7 +147,7 @@ def _check_hop(url: str, rules: MediaFetchRules, limits: MediaLimits, param: str
     if check_media_url(url, rules, param=param) is not MediaSource.REMOTE:
         raise MediaRefused("a redirect left http(s)", param=param)
     address = host_address(urlsplit(url).hostname or "")
-    if address is not None and not limits.allow_private_hosts and refused_address(address):
+    if address is not None and limits.refuses(address):
         raise _not_public(param)
 
 
