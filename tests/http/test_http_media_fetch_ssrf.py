@@ -71,7 +71,8 @@ class Answers(aiohttp.abc.AbstractResolver):
 
 
 class Stand:
-    """One media server: what it was asked (paths and headers), and its routes."""
+    """One media server: what it was asked (paths and headers), and its routes; both are
+    on one port."""
 
     def __init__(self) -> None:
         self.asked: list[tuple[str, dict[str, str]]] = []
@@ -93,19 +94,21 @@ class Stand:
             await response.prepare(request)
             await asyncio.sleep(30)
             return response
-        if path in ("/big-chunked", "/stall"):
+        if path == "/medium":
+            return web.Response(body=b"x" * 800)
+        if path in ("/big-chunked", "/medium-chunked", "/stall"):
             response = web.StreamResponse()
             response.enable_chunked_encoding()
             await response.prepare(request)
-            if path == "/big-chunked":
-                for _ in range(40):
+            if path != "/stall":
+                for _ in range(40 if path == "/big-chunked" else 8):
                     await response.write(b"x" * 100)
             else:
                 await response.write(b"a little")
-                await asyncio.sleep(30)
+                await asyncio.sleep(60)
             return response
         if path == "/silent":
-            await asyncio.sleep(30)
+            await asyncio.sleep(60)
         return web.Response(status=404)
 
 
@@ -119,13 +122,14 @@ def served(test: Test) -> None:
     async def main() -> None:
         stands, runners = (Stand(), Stand()), []
         try:
+            # One port on both hosts: a connection sent to the wrong address would arrive.
             for stand, host in zip(stands, ("127.0.0.1", PUBLIC), strict=True):
                 app = web.Application()
                 app.router.add_route("*", "/{tail:.*}", stand.handle)
                 runner = web.AppRunner(app, shutdown_timeout=0.1)
                 await runner.setup()
                 runners.append(runner)
-                site = web.TCPSite(runner, host, 0)
+                site = web.TCPSite(runner, host, stands[0].port)
                 await site.start()
                 stand.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             await asyncio.wait_for(test(*stands), 20)
@@ -277,14 +281,16 @@ def test_redirects_are_followed_up_to_the_cap_and_no_further() -> None:
     served(test)
 
 
-@pytest.mark.parametrize("path", ["/big", "/big-chunked"])
-def test_a_body_past_the_cap_is_refused(path: str) -> None:
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_past_the_cap_is_refused(chunked: bool) -> None:
     async def test(internal: Stand, public: Stand) -> None:
-        # The proxy's cap (500) under the worker's (1000 in RULES): the smaller applies.
+        base, tail = f"http://{PUBLIC}:{public.port}", "-chunked" if chunked else ""
+        # 800 bytes: under the worker's cap (1000 in RULES), over the proxy's 500 here.
+        assert await fetch(f"{base}/medium{tail}") == b"x" * 800
         limits = MediaLimits(allow_networks=[PUBLIC + "/32"], max_bytes=500)
-        for cap in (LIMITS, limits):
+        for path, cap in ((f"/big{tail}", LIMITS), (f"/medium{tail}", limits)):
             with pytest.raises(MediaFetchFailed) as caught:
-                await fetch(f"http://{PUBLIC}:{public.port}{path}", limits=cap)
+                await fetch(base + path, limits=cap)
             assert caught.value.status == 422
 
     served(test)
@@ -293,9 +299,12 @@ def test_a_body_past_the_cap_is_refused(path: str) -> None:
 @pytest.mark.parametrize("path", ["/stall", "/silent"])
 def test_a_host_that_stalls_is_cut_at_the_time_limit(path: str) -> None:
     async def test(internal: Stand, public: Stand) -> None:
+        # The worker would wait a minute: the proxy's limit cuts it (or the hang guard fails
+        # the test).
         limits = MediaLimits(allow_networks=[PUBLIC + "/32"], timeout=0.3)
+        rules = MediaFetchRules(timeouts={Modality.IMAGE: 60}, known=True)
         with pytest.raises(MediaUnreachable) as caught:
-            await fetch(f"http://{PUBLIC}:{public.port}{path}", limits=limits)
+            await fetch(f"http://{PUBLIC}:{public.port}{path}", limits=limits, rules=rules)
         assert caught.value.status == 504 and caught.value.retryable
 
     served(test)
