@@ -7,6 +7,7 @@ import ipaddress
 
 import pytest
 
+from pd_policy_vllm.http.flags import media_limits, parser
 from pd_policy_vllm.http.media_address import host_address, refused_address
 from pd_policy_vllm.http.media_guard import MediaLimits
 
@@ -75,3 +76,24 @@ def test_a_lab_allows_every_address_or_only_its_networks() -> None:
         MediaLimits(max_bytes=0)
     with pytest.raises(ValueError, match="max_redirects must be"):
         MediaLimits(max_redirects=-1)
+
+
+def test_the_flags_set_the_media_limits_and_refuse_one_that_is_not_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--prefill", "http://p", "--decode", "http://d"]
+    assert media_limits(parser().parse_args(argv)) == MediaLimits()
+    limits = media_limits(parser().parse_args([
+        *argv, "--media-max-bytes", "1000", "--media-max-redirects", "0", "--media-timeout",
+        "2.5", "--media-allow-network", "10.0.0.0/24", "--media-allow-network", "fd00::/64",
+    ]))  # fmt: skip
+    assert limits == MediaLimits(max_bytes=1000, max_redirects=0, timeout=2.5,
+                                 allow_networks=["10.0.0.0/24", "fd00::/64"])  # fmt: skip
+    assert media_limits(parser().parse_args([*argv, "--media-allow-private-hosts"])) == (
+        MediaLimits(allow_private_hosts=True)
+    )
+    for bad in (["--media-max-bytes", "0"], ["--media-max-redirects", "-1"],
+                ["--media-timeout", "0"], ["--media-allow-network", "10.0.0.1/8"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            parser().parse_args([*argv, *bad])
+    assert "invalid" in capsys.readouterr().err
