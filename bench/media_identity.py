@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from measuring import median_seconds
 
@@ -34,6 +33,7 @@ from pd_policy.tools.tables import splice
 from pd_policy_vllm.http.codec import loads
 from pd_policy_vllm.http.identity import WorkerMedia, part_identities
 from pd_policy_vllm.http.media import media_parts
+from pd_policy_vllm.http.media_guard import MediaLimits, media_session
 from pd_policy_vllm.http.pin import pin_remote_media
 
 SIZES = {"100 KiB": 100 * 1024, "4 MiB": 4 * 2**20}
@@ -75,11 +75,13 @@ async def _pin(size: int, rounds: int) -> dict[str, float]:
     rules = MediaFetchRules(known=True)
     pins, encodes = [], []
     try:
-        async with aiohttp.ClientSession() as session:
-            await pin_remote_media(session, body, rules)  # warm-up: the connection
+        # The media server is on 127.0.0.1, which the proxy refuses by default.
+        lab = MediaLimits(allow_private_hosts=True)
+        async with media_session(lab) as session:
+            await pin_remote_media(session, body, rules, lab)  # warm-up: the connection
             for _ in range(rounds):
                 start = time.perf_counter()
-                await pin_remote_media(session, body, rules)
+                await pin_remote_media(session, body, rules, lab)
                 pins.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 base64.b64encode(payload).decode("ascii")

@@ -74,6 +74,7 @@ def qwen_rows(work: Path) -> list[Row]:
     from qwen_prompts import _WORDS, A, B
     from tiny_models import build_qwen2vl
 
+    from pd_policy_vllm.http.media_guard import MediaLimits
     from pd_policy_vllm.http.proxy import Proxy
 
     words = " ".join(_WORDS[(i * 7) % len(_WORDS)] for i in range(40))
@@ -89,7 +90,10 @@ def qwen_rows(work: Path) -> list[Row]:
     limits = {"image": 1, "video": 1}
     with http_fleet(model, work / "qwen-servers", scale_out=True, limits=limits) as servers:
         prefill, decodes = read_fleet("--prefill", servers.prefill, "--decode", servers.decode)
-        with InProcessProxy(Proxy(prefill, decodes, mrope=True)) as pd, MediaHost() as host:
+        # The media host is on 127.0.0.1, which the proxy refuses by default.
+        lab = MediaLimits(allow_private_hosts=True)
+        proxy = Proxy(prefill, decodes, mrope=True, media_limits=lab)
+        with InProcessProxy(proxy) as pd, MediaHost() as host:
 
             def last(proxy: InProcessProxy = pd) -> str:
                 generates = [s.body for s in proxy.sent_to(servers.decode)]
@@ -126,6 +130,7 @@ def audio_rows(work: Path) -> list[Row]:
     from media_clips import audio_clip, data_url_of, input_audio
     from tiny_audio import build_qwen2audio
 
+    from pd_policy_vllm.http.media_guard import MediaLimits
     from pd_policy_vllm.http.proxy import Proxy
 
     model = build_qwen2audio(work / "qwen2audio")
@@ -133,7 +138,10 @@ def audio_rows(work: Path) -> list[Row]:
     rows: list[Row] = []
     with pd_fleet(model, work / "audio-servers", limits={"audio": 1}) as servers:
         prefill, decodes = read_fleet("--prefill", servers.prefill, "--decode", servers.decode)
-        with InProcessProxy(Proxy(prefill, decodes, mrope=False)) as pd, MediaHost() as host:
+        # The media host is on 127.0.0.1, which the proxy refuses by default.
+        lab = MediaLimits(allow_private_hosts=True)
+        proxy = Proxy(prefill, decodes, mrope=False, media_limits=lab)
+        with InProcessProxy(proxy) as pd, MediaHost() as host:
 
             def last() -> str:
                 return _media_bytes(pd.sent_to(servers.decode)[-1].body)

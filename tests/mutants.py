@@ -272,9 +272,9 @@ MUTANTS: Final = (
     Mutant(
         "a fetch follows a redirect to a host the worker does not allow",
         "pd_policy_vllm/http/pin.py",
-        "                if check_media_url(url, rules, param=param) is not MediaSource.REMOTE:",
-        '                if url.startswith("ftp"):',
-        ("tests/http/test_http_pin.py",),
+        "    if check_media_url(url, rules, param=param) is not MediaSource.REMOTE:",
+        '    if url.startswith("ftp"):',
+        ("tests/http/test_http_pin.py", "tests/http/test_http_media_fetch_ssrf.py"),
     ),
     Mutant(
         "the byte reader refuses a ten-byte varint (a negative int32)",

@@ -20,8 +20,10 @@ class MediaRefused(PolicyError):
     meaning = (
         "A media item's URL is one the worker would refuse to read: a scheme other than "
         "data:, http(s): or file:, a host outside the worker's allowed media domains, or a "
-        "local file outside its allowed path (or any local file, when it reads none). The "
-        "router refuses it before any worker is called, and never fetches it."
+        "local file outside its allowed path (or any local file, when it reads none); or, "
+        "when the router fetches it, a host that is not a public address (loopback, "
+        "private, link-local, metadata, reserved), checked on every redirect. The router "
+        "refuses it before any worker is called, and never fetches it."
     )
     default_message = "the worker would refuse to read this media item"
 
@@ -33,8 +35,9 @@ class MediaFetchFailed(PolicyError):
     status = 422
     meaning = (
         "The router fetched a remote media item once, to send the same bytes to every leg, "
-        "and its host answered with an error, or with more bytes than the worker would take. "
-        "vLLM answers the same fetch with a 422."
+        "and its host answered with an error, with more bytes than the worker or the router "
+        "takes, or with more redirects than the router follows. vLLM answers the same fetch "
+        "with a 422."
     )
     default_message = "the media item could not be fetched"
 

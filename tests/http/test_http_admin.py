@@ -32,6 +32,7 @@ from pd_policy_vllm.http.fleet.allowed_hosts import allowed_hosts
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.identity import WorkerMedia
 from pd_policy_vllm.http.pin import RemoteMedia
+from pd_policy_vllm.http.media_guard import MediaLimits
 from pd_policy_vllm.http.proxy import Proxy
 
 WORKER, CLIENT, ADMIN = "worker-K3Y", "client-K3Y", "admin-K3Y"
@@ -244,6 +245,7 @@ def test_a_media_url_from_a_clients_body_is_fetched_without_the_workers_key() ->
                 HttpWorker(p_url, kv=PrefillKv(KvConnectorMode.NIXL), media=WorkerMedia(rules)),
                 [HttpWorker(d_url, WorkerCapability(Support.FALSE))],
                 mrope=False, remote_media=RemoteMedia.FETCH, keys=KEYS,
+                media_limits=MediaLimits(allow_private_hosts=True),  # the media host is local
             )  # fmt: skip
             part = {"type": "image_url", "image_url": {"url": media_url + "/a.png"}}
             chat = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": [

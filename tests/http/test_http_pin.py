@@ -21,7 +21,12 @@ from pd_policy import (
     Modality,
     PolicyError,
 )
+from pd_policy_vllm.http.media_guard import MediaLimits, media_session
 from pd_policy_vllm.http.pin import PINNED_MEDIA_TYPE, fetch_media, pin_remote_media
+
+#: The media server is on 127.0.0.1, which the proxy refuses by default
+#: (tests/http/test_http_media_fetch_ssrf.py): these tests run as a lab would.
+LAB = MediaLimits(allow_private_hosts=True)
 
 
 class MediaServer:
@@ -89,7 +94,7 @@ def served(test: Callable[[Fixture], Awaitable[None]]) -> None:
         await site.start()
         server.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         try:
-            async with aiohttp.ClientSession() as session:
+            async with media_session(LAB) as session:
                 await test((server, f"http://127.0.0.1:{server.port}", session))
         finally:
             await runner.cleanup()
@@ -102,7 +107,7 @@ RULES = MediaFetchRules(allowed_domains=["127.0.0.1"], max_download_bytes=1000, 
 
 async def fetch(media: Fixture, path: str, rules: MediaFetchRules = RULES) -> bytes:
     _, base, session = media
-    return await fetch_media(session, base + path, Modality.IMAGE, rules, param="item")
+    return await fetch_media(session, base + path, Modality.IMAGE, rules, param="item", limits=LAB)
 
 
 def test_each_fetch_reads_what_the_url_serves_now() -> None:
@@ -148,7 +153,9 @@ def test_a_host_that_is_not_there_is_unreachable() -> None:
     async def test(media: Fixture) -> None:
         with pytest.raises(MediaUnreachable):
             # Port 9 (discard) has no listener here: the connection is refused.
-            await fetch_media(media[2], "http://127.0.0.1:9/x", Modality.IMAGE, RULES, param="p")
+            await fetch_media(
+                media[2], "http://127.0.0.1:9/x", Modality.IMAGE, RULES, param="p", limits=LAB
+            )
 
     served(test)
 
@@ -164,7 +171,7 @@ def test_pinning_replaces_only_unnamed_remote_urls_and_keeps_the_body() -> None:
         content: list[Any] = [inline, named, remote, {"type": "text", "text": "hi"}, simple, video]
         body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": content}]}
         body["n"] = 1
-        pinned = await pin_remote_media(session, body, RULES)
+        pinned = await pin_remote_media(session, body, RULES, LAB)
         assert body["messages"][0]["content"][2] is remote  # the client's body is untouched
         got = pinned["messages"][0]["content"]
         assert got[0] == inline and got[1] == named and got[3] == content[3]

@@ -17,6 +17,7 @@ from pd_policy import KvConnectorMode, MediaFetchRules, PrefillKv, Support, Work
 from pd_policy_vllm.http import HttpWorker
 from pd_policy_vllm.http.attempt import remote_media_for
 from pd_policy_vllm.http.identity import WorkerMedia
+from pd_policy_vllm.http.media_guard import MediaLimits
 from pd_policy_vllm.http.pin import PINNED_MEDIA_TYPE, RemoteMedia
 from pd_policy_vllm.http.proxy import Proxy
 
@@ -65,6 +66,8 @@ async def _run(mode: RemoteMedia, requests: int) -> tuple[list[Any], list[Any], 
             [HttpWorker(urls[2], WorkerCapability(Support.FALSE))],
             mrope=False,
             remote_media=mode,
+            # The media server is on 127.0.0.1, which the proxy refuses by default.
+            media_limits=MediaLimits(allow_private_hosts=True),
         )
         runner, proxy_url = await _serve(proxy.app())
         runners.append(runner)

@@ -21,6 +21,7 @@ from pd_policy_vllm.http.fleet.members import Member
 from pd_policy_vllm.http.fleet.metrics import Metrics
 from pd_policy_vllm.http.fleet.routing import Choice, decode_capability
 from pd_policy_vllm.http.legs import Leg, prefill_bytes
+from pd_policy_vllm.http.media_guard import MediaLimits
 from pd_policy_vllm.http.pin import RemoteMedia, pin_remote_media, refuse_remote_media
 from pd_policy_vllm.http.plan import (
     STRIPPED,
@@ -57,10 +58,11 @@ class Prepared:
 
 @attrs.frozen(slots=True)
 class Attempt:
-    """What every attempt of the proxy shares: its session (for remote media), its
-    client for the legs, the workers' headers, its
-    metrics, whether the model uses M-RoPE, and its remote media mode (``None``: by
-    each prefill's rules)."""
+    """What every attempt of the proxy shares: its session for remote media (one of
+    [`media_session`][pd_policy_vllm.http.media_guard.media_session], with
+    ``media_limits``), its client for the legs, the workers' headers, its metrics,
+    whether the model uses M-RoPE, its remote media mode (``None``: by each prefill's
+    rules), and its own limits on a media fetch."""
 
     session: aiohttp.ClientSession
     upstream: Upstream
@@ -68,6 +70,7 @@ class Attempt:
     metrics: Metrics
     mrope: bool
     remote_media: RemoteMedia | None
+    media_limits: MediaLimits = attrs.field(factory=MediaLimits)
 
     def plan(
         self, body: Any, route: Route, request_id: str, choice: Choice, *, chosen_on: bool
@@ -133,7 +136,8 @@ class Attempt:
         if plan.uncached and plan.prefill is not None and mode is RemoteMedia.FETCH:
             # Fetched once, after every refusal the policy can make without it: the same
             # bytes to every leg, and an identity that is their hash.
-            pinned = await pin_remote_media(self.session, body, prefill.worker.media.rules)
+            rules = prefill.worker.media.rules
+            pinned = await pin_remote_media(self.session, body, rules, self.media_limits)
             plan = self.plan(pinned, route, request_id, choice, chosen_on=False)
         encoder = choice.encoder
         if plan.render is not None:

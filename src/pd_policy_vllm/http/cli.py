@@ -38,7 +38,15 @@ from pd_policy import (
 
 from .aio import access_logger, aiohttp, web
 from .auth import Keys, read_keys
-from .flags import admin_hosts, client_uuids, front_door, operator_says, parser, upstream_limits
+from .flags import (
+    admin_hosts,
+    client_uuids,
+    front_door,
+    media_limits,
+    operator_says,
+    parser,
+    upstream_limits,
+)
 from .fleet.allowed_hosts import AllowedHosts
 from .fleet.describe import OperatorSays, describe
 from .fleet.members import Fleet
@@ -239,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             attempts=args.attempts, probe=probe if args.probe_interval > 0 else None,
             admin=args.admin, admin_hosts=hosts, log_requests=args.access_log,
             front_door=front_door(args), limits=upstream_limits(args),
-            client_uuids=client_uuids(args),
+            client_uuids=client_uuids(args), media_limits=media_limits(args),
         )  # fmt: skip
 
     if args.processes > 1:

@@ -11,6 +11,7 @@ gateways spell it, for a start-up script that has the key (``--admin-api-keys-fi
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from pathlib import Path
 
 from pd_policy import Balance, ClientUuids, KvConnectorMode
@@ -19,6 +20,7 @@ from .body import MAX_BODY
 from .fleet.allowed_hosts import AllowedHosts, allowed_hosts
 from .fleet.describe import CAPABILITIES, OperatorSays
 from .front_door import BODY_TIMEOUT, HEADER_TIMEOUT, FrontDoor
+from .media_guard import MEDIA_MAX_BYTES, MEDIA_MAX_REDIRECTS, MEDIA_TIMEOUT, MediaLimits
 from .pin import RemoteMedia
 from .upstream import DEFAULT_LIMITS, Limits
 
@@ -26,6 +28,7 @@ __all__ = [
     "admin_hosts",
     "client_uuids",
     "front_door",
+    "media_limits",
     "operator_says",
     "parser",
     "upstream_limits",
@@ -44,10 +47,10 @@ def _positive(value: str) -> float:
     return number
 
 
-def _count(value: str) -> int:
+def _count(value: str, least: int = 0) -> int:
     number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    if number < least:
+        raise argparse.ArgumentTypeError(f"must be {least} or more, not {value}")
     return number
 
 
@@ -102,6 +105,23 @@ def parser() -> argparse.ArgumentParser:
         help="the workers' --allowed-media-domains, when their servers do not say (none: any "
         "host); with it the proxy may fetch remote media for them",
     )
+    add("--media-max-bytes", type=lambda v: _count(v, 1), default=MEDIA_MAX_BYTES,
+        help="the most bytes the proxy fetches for one media item, beyond the worker's own "
+        f"cap: a 422 above ({MEDIA_MAX_BYTES})")  # fmt: skip
+    add("--media-max-redirects", type=_count, default=MEDIA_MAX_REDIRECTS,
+        help="redirects a media fetch may follow: a 422 past them "
+        f"({MEDIA_MAX_REDIRECTS})")  # fmt: skip
+    add("--media-timeout", type=_positive, default=MEDIA_TIMEOUT,
+        help="seconds one media fetch may take in all, beyond the worker's own time-out: "
+        f"a 504 after ({MEDIA_TIMEOUT:g})")  # fmt: skip
+    add("--media-allow-private-hosts", action="store_true",
+        help="let the proxy fetch media from loopback, private and link-local addresses, "
+        "which it refuses by default (labs only: a client could read the proxy's "
+        "network)")  # fmt: skip
+    add("--media-allow-network", action="append", default=[], metavar="CIDR",
+        type=ipaddress.ip_network,
+        help="a private network the proxy may fetch media from all the same, such as a "
+        "lab's media server's (repeat)")  # fmt: skip
     add(
         "--worker-api-key-file",
         type=Path,
@@ -171,7 +191,7 @@ def parser() -> argparse.ArgumentParser:
     add("--max-response-mib", type=_positive,
         default=DEFAULT_LIMITS.max_response_bytes / 2**20,
         help="the largest answer a leg reads from a worker, in MiB: a 502 above (256)")  # fmt: skip
-    add("--max-connections-per-worker", type=_count, default=DEFAULT_LIMITS.max_connections,
+    add("--max-connections-per-worker", type=lambda v: _count(v, 1), default=DEFAULT_LIMITS.max_connections,
         help="connections open at once to one worker; legs past it wait (256)")  # fmt: skip
     add("--worker-queue-timeout", type=_positive, default=DEFAULT_LIMITS.queue_timeout,
         help="seconds a leg waits for a connection to a busy worker: a 503 after, and "
@@ -218,3 +238,11 @@ def client_uuids(args: argparse.Namespace) -> ClientUuids:
     """What the flags say a client's media uuid is forwarded as: scoped to its tenant
     unless ``--trust-client-uuids``."""
     return ClientUuids.TRUSTED if args.trust_client_uuids else ClientUuids.SCOPED
+
+
+def media_limits(args: argparse.Namespace) -> MediaLimits:
+    """The proxy's own limits on a media fetch the flags set."""
+    return MediaLimits(max_bytes=args.media_max_bytes, max_redirects=args.media_max_redirects,
+                       timeout=args.media_timeout,
+                       allow_private_hosts=args.media_allow_private_hosts,
+                       allow_networks=args.media_allow_network)  # fmt: skip

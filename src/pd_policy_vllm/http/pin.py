@@ -14,6 +14,10 @@ Fetching, the proxy acts for the worker, so it keeps the worker's rules
 ([`pd_policy.MediaFetchRules`][pd_policy.media_rules.MediaFetchRules]): its allowed
 domains (checked on every redirect too, which vLLM does not: a proxy is a front
 door), its size cap and its time-out for the modality. It never reads a local file.
+And it fetches from its own place in the network, so it keeps its own limits too
+([`MediaLimits`][pd_policy_vllm.http.media_guard.MediaLimits]): public addresses only,
+checked where each hop connects ([`media_session`][pd_policy_vllm.http.media_guard.media_session]),
+and caps on bytes, redirects and time.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import base64
 import enum
 from collections.abc import Mapping
 from typing import Any, Final
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 from pd_policy import (
     MediaFetchFailed,
@@ -37,6 +41,8 @@ from pd_policy import (
 
 from .aio import aiohttp
 from .media import MediaPart, media_parts
+from .media_address import host_address
+from .media_guard import MediaLimits, RefusedAddress
 
 __all__ = ["RemoteMedia", "fetch_media", "pin_remote_media", "refuse_remote_media"]
 
@@ -45,7 +51,6 @@ __all__ = ["RemoteMedia", "fetch_media", "pin_remote_media", "refuse_remote_medi
 #: ``video/jpeg`` (a list of frames), which a fetched file must never be taken for.
 PINNED_MEDIA_TYPE: Final = "application/octet-stream"
 _REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
-_MAX_HOPS: Final = 10
 _CHUNK: Final = 2**16
 
 
@@ -81,35 +86,69 @@ async def fetch_media(
     rules: MediaFetchRules,
     *,
     param: str,
+    limits: MediaLimits | None = None,
 ) -> bytes:
-    """The bytes behind ``url``, fetched as the worker would, within ``rules``.
+    """The bytes behind ``url``, fetched as the worker would, within ``rules`` and the
+    proxy's ``limits`` (its defaults unless given), over ``session``: one of
+    [`media_session`][pd_policy_vllm.http.media_guard.media_session] with the same
+    ``limits``, which refuses private addresses where it connects.
 
     Raises [`MediaRefused`][pd_policy.media_errors.MediaRefused] (400) for a URL, or a
-    redirect, the worker would not read;
+    redirect, the worker would not read, or whose host is an address the proxy does not
+    fetch from (an IP literal, or a name's every address);
     [`MediaFetchFailed`][pd_policy.media_errors.MediaFetchFailed] (422) for an answer
     that is the client's error (4xx), too many redirects, or more bytes than the worker
-    takes; [`MediaUnreachable`][pd_policy.media_errors.MediaUnreachable] (504,
-    retryable) for a host that does not answer in the modality's time, cannot be
-    reached, or fails (5xx, 408, 429). Each names the item (``param``), never the URL.
+    or the proxy takes; [`MediaUnreachable`][pd_policy.media_errors.MediaUnreachable]
+    (504, retryable) for a host that does not answer in time, cannot be reached, or
+    fails (5xx, 408, 429). Each names the item (``param``), never the URL or an address.
     """
-    limit = rules.max_bytes(modality)
-    timeout = aiohttp.ClientTimeout(total=rules.timeouts[modality])
+    limits = limits if limits is not None else MediaLimits()
+    limit = min(rules.max_bytes(modality), limits.max_bytes)
+    seconds = min(rules.timeouts[modality], limits.timeout)
+    timeout = aiohttp.ClientTimeout(total=seconds)
     try:
-        async with asyncio.timeout(rules.timeouts[modality]):
-            for _ in range(_MAX_HOPS + 1):
-                if check_media_url(url, rules, param=param) is not MediaSource.REMOTE:
-                    raise MediaRefused("a redirect left http(s)", param=param)
+        async with asyncio.timeout(seconds):
+            for _ in range(limits.max_redirects + 1):
+                _check_hop(url, rules, limits, param)
                 async with session.get(url, allow_redirects=False, timeout=timeout) as response:
                     location = response.headers.get("Location")
                     if response.status in _REDIRECTS and location and rules.allow_redirects:
                         url = urljoin(url, location)
                         continue
                     return await _body(response, limit, param)
+    except aiohttp.ClientConnectorError as exc:
+        if isinstance(exc.os_error, RefusedAddress):
+            raise _not_public(param) from None
+        raise _unreachable(param) from None
+    except aiohttp.InvalidURL:
+        raise MediaRefused("the media URL is malformed", param=param) from None
     except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
-        raise MediaUnreachable(
-            "the media item's host did not answer within the worker's time limit", param=param
-        ) from None
+        raise _unreachable(param) from None
     raise MediaFetchFailed("the media URL redirected too many times", param=param)
+
+
+def _not_public(param: str) -> MediaRefused:
+    return MediaRefused(
+        "the media URL's host is not a public address: this proxy does not fetch from "
+        "loopback, private, link-local or reserved addresses",
+        param=param,
+    )
+
+
+def _unreachable(param: str) -> MediaUnreachable:
+    return MediaUnreachable(
+        "the media item's host did not answer within the time limit", param=param
+    )
+
+
+def _check_hop(url: str, rules: MediaFetchRules, limits: MediaLimits, param: str) -> None:
+    # Before any I/O, for a typed refusal: the session refuses the same addresses where
+    # it connects, the one check a changing DNS answer cannot pass.
+    if check_media_url(url, rules, param=param) is not MediaSource.REMOTE:
+        raise MediaRefused("a redirect left http(s)", param=param)
+    address = host_address(urlsplit(url).hostname or "")
+    if address is not None and limits.refuses(address):
+        raise _not_public(param)
 
 
 async def _body(response: aiohttp.ClientResponse, limit: int, param: str) -> bytes:
@@ -135,17 +174,24 @@ def _pinned_part(part: Mapping[str, Any], key: str, data: bytes) -> dict[str, An
 
 
 async def pin_remote_media(
-    session: aiohttp.ClientSession, body: Mapping[str, Any], rules: MediaFetchRules
+    session: aiohttp.ClientSession,
+    body: Mapping[str, Any],
+    rules: MediaFetchRules,
+    limits: MediaLimits | None = None,
 ) -> dict[str, Any]:
     """``body`` with each remote URL the client did not name replaced by a ``data:`` URL of
-    its bytes, fetched once, concurrently ([`fetch_media`][pd_policy_vllm.http.pin.fetch_media]);
-    every other field as it was (``body`` is not changed). Raises what ``fetch_media``
-    raises, for the first item that fails."""
+    its bytes, fetched once, concurrently, within ``rules`` and ``limits``
+    ([`fetch_media`][pd_policy_vllm.http.pin.fetch_media]); every other field as it was
+    (``body`` is not changed). Raises what ``fetch_media`` raises, for the first item
+    that fails."""
     remote = _unnamed_remote(media_parts(body, rules))
     if not remote:
         return dict(body)
     fetched = await asyncio.gather(
-        *(fetch_media(session, str(p.url or ""), p.modality, rules, param=p.param) for p in remote)
+        *(
+            fetch_media(session, str(p.url or ""), p.modality, rules, param=p.param, limits=limits)
+            for p in remote
+        )
     )
     messages = list(body["messages"])
     for part, data in zip(remote, fetched, strict=True):

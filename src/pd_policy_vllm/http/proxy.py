@@ -42,6 +42,7 @@ from .aio import aiohttp, web
 from .attempt import Attempt
 from .auth import Keys
 from .body import read_body
+from .clients import Clients, open_clients
 from .codec import loads
 from .fleet.admin import add_admin_routes
 from .fleet.allowed_hosts import AllowedHosts
@@ -52,6 +53,7 @@ from .fleet.probe import Probe, probing
 from .fleet.routing import Choice, choose_members
 from .front_door import FrontDoor, refusal
 from .legs import Leg
+from .media_guard import MediaLimits
 from .pin import RemoteMedia
 from .relay import REQUEST_ID_HEADER, error_response, relay_decode
 from .request import Route
@@ -59,13 +61,12 @@ from .request_log import log_request
 from .responses import RESPONSES, chat_equivalent, responses_decode_leg
 from .skim import skim
 from .tenant import scoped_body
-from .upstream import DEFAULT_LIMITS, Limits, Observer, Upstream
+from .upstream import DEFAULT_LIMITS, Limits, Observer
 from .workers import HttpWorker
 
 __all__ = ["REQUEST_ID_HEADER", "Proxy"]
 
-_SESSION: Final = web.AppKey("session", aiohttp.ClientSession)
-_UPSTREAM: Final = web.AppKey("upstream", Upstream)
+_CLIENTS: Final = web.AppKey("clients", Clients)
 
 
 class Proxy:
@@ -88,7 +89,9 @@ class Proxy:
     the server that runs [`app`][pd_policy_vllm.http.proxy.Proxy.app]). ``limits``: the
     bounds on the workers' answers ([`Limits`][pd_policy_vllm.http.upstream.Limits]).
     ``client_uuids``: a client's media ``uuid`` is scoped to its tenant, or trusted
-    ([`ClientUuids`][pd_policy.uuid_scope.ClientUuids]).
+    ([`ClientUuids`][pd_policy.uuid_scope.ClientUuids]). ``media_limits``: the proxy's own
+    limits on a media fetch ([`MediaLimits`][pd_policy_vllm.http.media_guard.MediaLimits]:
+    public hosts only, by default), over a session of its own.
 
     Raises ``ValueError`` without a fleet or a pair, for ``admin`` with no admin key, and
     for ``RemoteMedia.FETCH`` with a prefill whose media rules are unknown (the proxy
@@ -115,6 +118,7 @@ class Proxy:
         front_door: FrontDoor | None = None,
         limits: Limits = DEFAULT_LIMITS,
         client_uuids: ClientUuids = ClientUuids.SCOPED,
+        media_limits: MediaLimits | None = None,
     ) -> None:
         self.metrics = Metrics()
         if fleet is None:
@@ -138,6 +142,7 @@ class Proxy:
         self.front_door = front_door if front_door is not None else FrontDoor()
         self.limits = limits
         self.client_uuids = client_uuids
+        self.media_limits = media_limits if media_limits is not None else MediaLimits()
         self.draining = False
 
     def app(self) -> web.Application:
@@ -156,28 +161,21 @@ class Proxy:
         return app
 
     async def _session(self, app: web.Application) -> Any:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
-        async with aiohttp.ClientSession(
-            timeout=timeout, trace_configs=self.trace_configs or None
-        ) as session:
-            app[_SESSION], app[_UPSTREAM] = session, Upstream(self.observers, self.limits)
-            probes = (
-                contextlib.nullcontext()
-                if self.probe is None
-                else probing(self.fleet, session, self.probe, self.keys.worker_headers())
-            )
-            try:
-                async with probes:
-                    yield
-            finally:
-                app[_UPSTREAM].close()
+        async with open_clients(self.limits, self.media_limits, self.observers,
+                                self.trace_configs) as clients:  # fmt: skip
+            app[_CLIENTS] = clients
+            headers = self.keys.worker_headers()
+            probes = (contextlib.nullcontext() if self.probe is None
+                      else probing(self.fleet, clients.workers, self.probe, headers))  # fmt: skip
+            async with probes:
+                yield
 
     async def _drain(self, app: web.Application) -> None:
         # Shutting down: the listening socket is closed; /health says so to a balancer.
         self.draining = True
 
     def session(self, request: web.Request) -> aiohttp.ClientSession:
-        return request.app[_SESSION]
+        return request.app[_CLIENTS].workers
 
     async def _health(self, request: web.Request) -> web.Response:
         if self.draining:
@@ -245,9 +243,10 @@ class Proxy:
             self._done(path, None, exc.code, None, 1, request_id, exc.status, arrived,
                        counted=False)  # fmt: skip
             return await refusal(request, exc)
-        upstream = request.app[_UPSTREAM]
-        attempt = Attempt(self.session(request), upstream, self.keys.worker_headers(),
-                          self.metrics, self.mrope, self.remote_media)  # fmt: skip
+        upstream = request.app[_CLIENTS].legs
+        attempt = Attempt(request.app[_CLIENTS].media, upstream, self.keys.worker_headers(),
+                          self.metrics, self.mrope, self.remote_media,
+                          self.media_limits)  # fmt: skip
         life = RequestLife(attempts=self.attempts)
         last: PolicyError | None = None
         while True:

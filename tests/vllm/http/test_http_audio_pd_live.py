@@ -20,8 +20,12 @@ from http_fleets import PdFleet
 from http_peers import InProcessProxy, MediaHost, read_fleet
 from media_clips import audio_clip, data_url_of, input_audio
 
+from pd_policy_vllm.http.media_guard import MediaLimits
 from pd_policy_vllm.http.pin import RemoteMedia
 from pd_policy_vllm.http.proxy import Proxy
+
+# The media host is on 127.0.0.1, which the proxy refuses by default.
+LAB = MediaLimits(allow_private_hosts=True)
 
 Answer = tuple[list[int], list[float]]
 CLIPS = {seed: audio_clip(seed) for seed in (1, 2)}
@@ -31,7 +35,7 @@ CLIPS = {seed: audio_clip(seed) for seed in (1, 2)}
 def recording(audio_http: PdFleet) -> Iterator[InProcessProxy]:
     prefill, (decode,) = read_fleet("--prefill", audio_http.prefill, "--decode", audio_http.decode)
     assert decode.capability.language_model_only and prefill.media.rules.known
-    proxy = Proxy(prefill, [decode], mrope=False, remote_media=RemoteMedia.FETCH)
+    proxy = Proxy(prefill, [decode], mrope=False, remote_media=RemoteMedia.FETCH, media_limits=LAB)
     with InProcessProxy(proxy) as live:
         yield live
 

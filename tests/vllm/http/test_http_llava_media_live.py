@@ -27,8 +27,12 @@ from llava_prompts import TEXT
 from router_side import image
 
 from pd_policy_vllm.http import HttpWorker
+from pd_policy_vllm.http.media_guard import MediaLimits
 from pd_policy_vllm.http.pin import PINNED_MEDIA_TYPE, RemoteMedia
 from pd_policy_vllm.http.proxy import Proxy
+
+# The media host is on 127.0.0.1, which the proxy refuses by default.
+LAB = MediaLimits(allow_private_hosts=True)
 
 Answer = tuple[list[int], list[float]]
 
@@ -47,7 +51,9 @@ def workers(llava_http: HttpFleet) -> tuple[HttpWorker, HttpWorker]:
 
 def _proxy(workers: tuple[HttpWorker, HttpWorker], mode: RemoteMedia) -> Iterator[InProcessProxy]:
     prefill, decode = workers
-    with InProcessProxy(Proxy(prefill, [decode], mrope=False, remote_media=mode)) as proxy:
+    with InProcessProxy(
+        Proxy(prefill, [decode], mrope=False, remote_media=mode, media_limits=LAB)
+    ) as proxy:
         yield proxy
 
 

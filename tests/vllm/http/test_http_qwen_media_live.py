@@ -26,9 +26,13 @@ from http_peers import InProcessProxy, MediaHost, data_url, http_json, read_flee
 from media_clips import data_url_of, video_clip
 from qwen_prompts import _WORDS, A, B
 
+from pd_policy_vllm.http.media_guard import MediaLimits
 from pd_policy_vllm.http.pin import RemoteMedia
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.http.scale_out import DERENDER, GENERATE, RENDER
+
+# The media host is on 127.0.0.1, which the proxy refuses by default.
+LAB = MediaLimits(allow_private_hosts=True)
 
 Answer = tuple[list[int], list[float]]
 CLIPS = {seed: data_url_of(video_clip(seed), "video/mp4") for seed in (1, 2)}
@@ -38,7 +42,7 @@ CLIPS = {seed: data_url_of(video_clip(seed), "video/mp4") for seed in (1, 2)}
 def metadata(qwen_http: HttpFleet) -> Iterator[InProcessProxy]:
     prefill, (decode,) = read_fleet("--prefill", qwen_http.prefill, "--decode", qwen_http.decode)
     assert prefill.renders and decode.capability.takes_mm_metadata
-    proxy = Proxy(prefill, [decode], mrope=True, remote_media=RemoteMedia.FETCH)
+    proxy = Proxy(prefill, [decode], mrope=True, remote_media=RemoteMedia.FETCH, media_limits=LAB)
     with InProcessProxy(proxy) as recording:
         yield recording
 
