@@ -31,8 +31,8 @@ from pd_policy_vllm.http.cli import main
 from pd_policy_vllm.http.fleet.allowed_hosts import allowed_hosts
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.identity import WorkerMedia
-from pd_policy_vllm.http.pin import RemoteMedia
 from pd_policy_vllm.http.media_guard import MediaLimits
+from pd_policy_vllm.http.pin import RemoteMedia
 from pd_policy_vllm.http.proxy import Proxy
 
 WORKER, CLIENT, ADMIN = "worker-K3Y", "client-K3Y", "admin-K3Y"

@@ -191,7 +191,8 @@ def parser() -> argparse.ArgumentParser:
     add("--max-response-mib", type=_positive,
         default=DEFAULT_LIMITS.max_response_bytes / 2**20,
         help="the largest answer a leg reads from a worker, in MiB: a 502 above (256)")  # fmt: skip
-    add("--max-connections-per-worker", type=lambda v: _count(v, 1), default=DEFAULT_LIMITS.max_connections,
+    add("--max-connections-per-worker", type=lambda v: _count(v, 1),
+        default=DEFAULT_LIMITS.max_connections,
         help="connections open at once to one worker; legs past it wait (256)")  # fmt: skip
     add("--worker-queue-timeout", type=_positive, default=DEFAULT_LIMITS.queue_timeout,
         help="seconds a leg waits for a connection to a busy worker: a 503 after, and "
