@@ -37,7 +37,10 @@ def good_prefill(ids: Any = (1, 2, 3)) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         await request.read()
         return web.json_response(
-            {"prompt_token_ids": list(ids), "kv_transfer_params": {"transfer_id": "t"}}
+            {
+                "prompt_token_ids": list(ids),
+                "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": "t"},
+            }
         )
 
     return handler
@@ -73,7 +76,7 @@ async def _through_proxy(
             runners.append(runner)
             urls.append(url)
         proxy = Proxy(
-            HttpWorker(urls[0], kv=PrefillKv(KvConnectorMode.NIXL)),
+            HttpWorker(urls[0], kv=PrefillKv(KvConnectorMode.TRANSFER)),
             [HttpWorker(urls[1], decode_capability)],
             mrope=False,
         )
@@ -191,7 +194,7 @@ def test_the_prefill_leg_is_the_clients_bytes_with_only_the_changed_members_rewr
     assert (status, seen) == (200, ["prefill", "decode"])
     (leg,) = received
     assert messages.encode() in leg  # the client's bytes, not the body written again
-    handoff = plan_kv_handoff(PrefillKv(KvConnectorMode.NIXL), n=1)
+    handoff = plan_kv_handoff(PrefillKv(KvConnectorMode.TRANSFER), n=1)
     assert json.loads(leg) == prefill_body(json.loads(raw), Route.CHAT, handoff)
 
 
