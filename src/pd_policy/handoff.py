@@ -84,10 +84,15 @@ def check_kv_handoff(
     one implementation. Raises
     [`MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams].
     """
-    if not (
-        (form is DecodeForm.TEXT_PLUS_HASHES and has_mm_inputs) or form is DecodeForm.MROPE_METADATA
-    ):
-        return
+    if (form is DecodeForm.TEXT_PLUS_HASHES and has_mm_inputs) or form is DecodeForm.MROPE_METADATA:
+        _refuse_incomplete(mode, kv_transfer_params, kv_legacy)
+
+
+def _refuse_incomplete(
+    mode: KvConnectorMode,
+    kv_transfer_params: str | Mapping[str, Any] | None,
+    kv_legacy: tuple[str, int] | None,
+) -> None:
     missing = missing_kv_fields(mode, kv_transfer_params, kv_legacy)
     if missing is None:
         raise MissingKvTransferParams()

@@ -58,6 +58,7 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
 async def _through_proxy(
     prefill: Handler, decode: Handler, body: bytes, seen: list[str],
     path: str = "/v1/chat/completions", decode_capability: WorkerCapability = LM_ONLY,
+    kv: KvConnectorMode = KvConnectorMode.TRANSFER,
 ) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
     """Serve the stand-ins and a proxy in front of them, send ``body``, return the answer."""
     runners = []
@@ -76,7 +77,7 @@ async def _through_proxy(
             runners.append(runner)
             urls.append(url)
         proxy = Proxy(
-            HttpWorker(urls[0], kv=PrefillKv(KvConnectorMode.TRANSFER)),
+            HttpWorker(urls[0], kv=PrefillKv(kv)),
             [HttpWorker(urls[1], decode_capability)],
             mrope=False,
         )
@@ -94,12 +95,12 @@ async def _through_proxy(
 
 def run(
     prefill: Handler, decode: Handler, body: Any, path: str = "/v1/chat/completions",
-    decode_capability: WorkerCapability = LM_ONLY,
+    decode_capability: WorkerCapability = LM_ONLY, kv: KvConnectorMode = KvConnectorMode.TRANSFER,
 ) -> tuple[int, dict[str, str], bytes, list[str]]:  # fmt: skip
     seen: list[str] = []
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     status, headers, answer = asyncio.run(
-        _through_proxy(prefill, decode, raw, seen, path, decode_capability)
+        _through_proxy(prefill, decode, raw, seen, path, decode_capability, kv)
     )
     return status, headers, answer, seen
 
