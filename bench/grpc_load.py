@@ -74,6 +74,10 @@ class PrefillEngine(_Engine):
             "do_remote_decode": False,
             "transfer_id": f"xfer-{request.request_id}",
             "remote_engine_id": "prefill-0",
+            # The rest of a NIXL handoff: SequentialPd plans NIXL here.
+            "remote_block_ids": [0],
+            "remote_host": "127.0.0.1",
+            "remote_port": 1,
         }
         complete = pb.GenerateComplete(
             output_ids=[1], finish_reason="length", kv_transfer_params_json=json.dumps(kv)

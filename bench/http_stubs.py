@@ -30,7 +30,14 @@ async def prefill(request: web.Request) -> web.Response:
         {
             "id": "p",
             "prompt_token_ids": PROMPT_IDS,
-            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": "t"},
+            # A complete NIXL handoff: the proxies here run --kv-mode nixl.
+            "kv_transfer_params": {
+                "do_remote_prefill": True,
+                "remote_engine_id": "p",
+                "remote_block_ids": [0],
+                "remote_host": "127.0.0.1",
+                "remote_port": 1,
+            },
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}}],
             "usage": {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": 1},
         },

@@ -68,6 +68,27 @@ MUTANTS: Final = (
         ("tests/test_properties.py", "tests/grpc/test_grpc_handoff_rule.py"),
     ),
     Mutant(
+        "an empty kv_transfer_params is a handoff again",
+        "pd_policy/handoff_fields.py",
+        "    return _gaps(mode, params)\n",
+        "    return _gaps(mode, params) if params else ()\n",
+        ("tests/test_handoff_fields.py",),
+    ),
+    Mutant(
+        "a NIXL handoff without its block ids is taken",
+        "pd_policy/handoff_fields.py",
+        '"do_remote_prefill", "remote_engine_id", "remote_block_ids", "remote_host",',
+        '"do_remote_prefill", "remote_engine_id", "remote_host",',
+        ("tests/test_handoff_fields.py",),
+    ),
+    Mutant(
+        "do_remote_prefill: false counts as a handoff",
+        "pd_policy/handoff_fields.py",
+        "        return value is True\n",
+        "        return value is not None\n",
+        ("tests/test_handoff_fields.py",),
+    ),
+    Mutant(
         "the salt fold drops the modality",
         "pd_policy/salt.py",
         "h.update(_MODALITY_TAG[modality] + _field(digest))",

@@ -29,7 +29,8 @@ def files(tmp_path: Path) -> dict[str, str]:
         "mrope": request_to_json(mrope_request()),
         "lm_only": {"supports_vision": False},
         "vision": {"supports_vision": True},
-        "kv": {"do_remote_prefill": True},
+        "kv": {"do_remote_prefill": True, "transfer_id": "t"},
+        "kv_empty": {},
         "bad": {"request_id": "r", "input_ids": [1], "n": "two"},
     }.items():
         path = tmp_path / f"{name}.json"
@@ -38,10 +39,24 @@ def files(tmp_path: Path) -> dict[str, str]:
     return paths
 
 
+def test_explain_refuses_a_handoff_without_its_connectors_fields(
+    files: dict[str, str],
+) -> None:
+    # The TransferConnector's handoff names no NIXL blocks; {} names nothing under any mode.
+    for kv, mode in (("kv", "nixl"), ("kv_empty", "passthrough"), ("kv_empty", "transfer")):
+        status, out = run(
+            "explain", files["image"], "--decode-worker", files["lm_only"], "--prefill-kv",
+            files[kv], "--kv-mode", mode,
+        )  # fmt: skip
+        assert status == 1
+        assert "pd_decode_missing_kv_transfer_params" in out
+
+
 def test_explain_a_stripped_leg(files: dict[str, str]) -> None:
     status, out = run(
-        "explain", files["image"], "--decode-worker", files["lm_only"], "--prefill-kv", files["kv"]
-    )
+        "explain", files["image"], "--decode-worker", files["lm_only"], "--prefill-kv",
+        files["kv"], "--kv-mode", "transfer",
+    )  # fmt: skip
     assert status == 0
     assert "TEXT_PLUS_HASHES" in out
     assert "1 hash, KV" in out

@@ -39,7 +39,7 @@ prefill_kvs = st.builds(
 
 def test_the_connector_table_matches_names_exactly() -> None:
     assert connector_mode("NixlConnector") is KvConnectorMode.NIXL
-    assert connector_mode("TransferConnector") is KvConnectorMode.NIXL
+    assert connector_mode("TransferConnector") is KvConnectorMode.TRANSFER
     assert connector_mode("MooncakeConnector") is KvConnectorMode.MOONCAKE
     assert connector_mode("MooncakeStoreConnector") is KvConnectorMode.PASSTHROUGH
     assert connector_mode("") is KvConnectorMode.PASSTHROUGH

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from pd_policy import (
     MROPE_GRID_KEYS,
     DecodeForm,
+    KvConnectorMode,
     MissingKvTransferParams,
     MropeOnLanguageModelOnlyDecode,
     NSamplesOnLanguageModelOnlyDecode,
@@ -57,11 +58,13 @@ def test_the_handoff_and_the_guard_hold_on_the_metadata_leg(
     bare = request.derive(kv_transfer_params=None)
     form, leg = build_decode_leg(bare, TAKES)
     with pytest.raises(MissingKvTransferParams):
-        ensure_kv_handoff(bare, form, leg)  # no handoff: a 502 before decode is called
+        # No handoff: a 502 before decode is called.
+        ensure_kv_handoff(bare, form, leg, KvConnectorMode.TRANSFER)
     with pytest.raises(MissingKvTransferParams):
         ensure_language_model_only_leg(leg, uses_mrope=True, takes_mm_metadata=True)
-    relayed = relay_kv(leg, returned)
-    ensure_kv_handoff(bare, form, relayed)
+    # Whatever else the connector returns, the transfer it names is the handoff.
+    relayed = relay_kv(leg, {**returned, "do_remote_prefill": True, "transfer_id": "t"})
+    ensure_kv_handoff(bare, form, relayed, KvConnectorMode.TRANSFER)
     ensure_language_model_only_leg(relayed, uses_mrope=True, takes_mm_metadata=True)
     # A worker without the fact refuses the same leg, as today.
     with pytest.raises(MropeOnLanguageModelOnlyDecode):

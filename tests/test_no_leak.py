@@ -14,6 +14,7 @@ from hypothesis import given
 
 from fuzzing import counted, fuzz
 from pd_policy import (
+    KvConnectorMode,
     LegacyKvParams,
     MediaRef,
     PolicyError,
@@ -70,7 +71,7 @@ def test_no_error_or_repr_shows_a_secret(
         assert MARK not in repr(leg)
         leg = relay_kv(leg, returned.kv_transfer_params, returned.kv_legacy)
         assert MARK not in repr(leg)
-        ensure_kv_handoff(request, form, leg)
+        ensure_kv_handoff(request, form, leg, KvConnectorMode.NIXL)
         # A guard refusing what it should not is another test's; here only what it says.
         ensure_language_model_only_leg(leg)
     except PolicyError as exc:

@@ -15,6 +15,7 @@ from pd_policy import (
     MROPE_GRID_KEYS,
     SALT_FOLD_PREFIX,
     DecodeForm,
+    KvConnectorMode,
     MalformedRequest,
     MediaRefsOnLanguageModelOnlyDecode,
     MissingKvTransferParams,
@@ -76,7 +77,7 @@ def test_the_pipeline_is_total(example: tuple[Request, WorkerCapability, Prefill
     assert form is sequential_pd_decode_form(request, worker)
     leg = relay_kv(leg, prefill.kv_transfer_params, prefill.kv_legacy)
     try:
-        ensure_kv_handoff(request, form, leg)
+        ensure_kv_handoff(request, form, leg, KvConnectorMode.PASSTHROUGH)
     except PolicyError as exc:
         assert_catalogued(exc, 502)
         return
@@ -318,16 +319,19 @@ def test_the_502_fires_exactly_when_a_leg_that_needs_kv_has_none(
     except PolicyError:
         return
     leg = relay_kv(leg, prefill.kv_transfer_params, prefill.kv_legacy)
-    relayed = request.n <= 1 and (
-        prefill.kv_transfer_params is not None or prefill.kv_legacy is not None
-    )
-    has_kv = request.kv_transfer_params is not None or request.kv_legacy is not None or relayed
+    # Passthrough: a handoff is any field with a value, or a legacy pair with host and port.
+    params = leg.kv_transfer_params_dict() or {}
+    legacy = leg.kv_legacy
+    has_kv = any(
+        value not in (None, "", [], {}) and (key != "do_remote_prefill" or value is True)
+        for key, value in params.items()
+    ) or (legacy is not None and bool(legacy.remote_host) and legacy.remote_port > 0)
     # A stripped leg recomputes an image-blind prompt; a metadata leg would need an encoder.
     needs_kv = (form is DecodeForm.TEXT_PLUS_HASHES and bool(request.batches)) or (
         form is DecodeForm.MROPE_METADATA
     )
     try:
-        ensure_kv_handoff(request, form, leg)
+        ensure_kv_handoff(request, form, leg, KvConnectorMode.PASSTHROUGH)
     except MissingKvTransferParams as exc:
         assert needs_kv and not has_kv
         assert exc.status == 502

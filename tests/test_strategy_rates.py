@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from pd_policy import (
     MROPE_GRID_KEYS,
     DecodeForm,
+    KvConnectorMode,
     MissingKvTransferParams,
     PolicyError,
     Request,
@@ -173,7 +174,7 @@ def handoff_labels(example: tuple[Request, WorkerCapability, PrefillResult]) -> 
     labels.append(HANDOFF_CHECKED)
     leg = relay_kv(leg, prefill.kv_transfer_params, prefill.kv_legacy)
     try:
-        ensure_kv_handoff(request, form, leg)
+        ensure_kv_handoff(request, form, leg, KvConnectorMode.PASSTHROUGH)
     except MissingKvTransferParams:
         labels.append(FIRED_502)
     return labels

@@ -81,6 +81,7 @@ from .errors import (
     Unauthorized,
 )
 from .handoff import check_kv_handoff, ensure_kv_handoff, relay_kv
+from .handoff_fields import KV_FLAG_FIELDS, REQUIRED_KV_FIELDS, missing_kv_fields
 from .health import (
     Health,
     HealthPolicy,
@@ -153,11 +154,13 @@ __all__ = [
     "ERROR_CATALOG",
     "ERROR_CODE_HEADER",
     "IDENTITY_PREFIX",
+    "KV_FLAG_FIELDS",
     "MM_MEDIA_REF_SCHEMES_LABEL",
     "MM_METADATA_LABEL",
     "MM_PROCESSOR_LABEL",
     "MROPE_GRID_KEYS",
     "NIXL_PREFILL_PARAMS",
+    "REQUIRED_KV_FIELDS",
     "ROLES",
     "SALT_FOLD_PREFIX",
     "SALT_FOLD_VERSION",
@@ -265,6 +268,7 @@ __all__ = [
     "media_source",
     "metadata_only",
     "mint_transfer_id",
+    "missing_kv_fields",
     "mrope_metadata_gap",
     "needs_encode_leg",
     "place",

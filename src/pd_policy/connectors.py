@@ -2,10 +2,12 @@
 
 vLLM names a worker's connector in its ``kv_transfer_config`` (SMG's servicer
 reports it as ``GetServerInfoResponse.kv_connector``). Each connector follows
-one of three handoff contracts, read off the *prefill* worker:
+one of four handoff contracts, read off the *prefill* worker:
 
 * ``NIXL``: the prefill leg is tagged ``{"do_remote_decode": true, ...}`` and
   the parameters its engine returns are relayed to the decode leg.
+* ``TRANSFER``: pd-policy's own CPU ``TransferConnector``, tagged and relayed
+  as NIXL is; it names its KV by a transfer id, not by NIXL's engine and blocks.
 * ``MOONCAKE``: the router mints a transfer id and tells both legs up front.
   Without an engine id for the prefill worker (or under data parallelism with
   no pinned rank) it falls back to the legacy typed host and port, on every
@@ -55,6 +57,7 @@ class KvConnectorMode(enum.Enum):
     """The handoff contract a prefill worker's KV connector follows."""
 
     NIXL = "nixl"
+    TRANSFER = "transfer"
     MOONCAKE = "mooncake"
     PASSTHROUGH = "passthrough"
 
@@ -65,8 +68,9 @@ CONNECTOR_MODES: Final[Mapping[str, KvConnectorMode]] = MappingProxyType(
     {
         "NixlConnector": KvConnectorMode.NIXL,
         "NixlPullConnector": KvConnectorMode.NIXL,
-        # pd-policy's own CPU connector follows NIXL's contract: tag, then relay.
-        "TransferConnector": KvConnectorMode.NIXL,
+        # pd-policy's own CPU connector is tagged and relayed as NIXL is, but its
+        # handoff names a transfer id, not NIXL's engine and blocks.
+        "TransferConnector": KvConnectorMode.TRANSFER,
         "MooncakeConnector": KvConnectorMode.MOONCAKE,
         # Store and offload connectors return no parameters: they load by content.
         "ExampleConnector": KvConnectorMode.PASSTHROUGH,
@@ -100,8 +104,8 @@ def connector_mode(kv_connector: str) -> KvConnectorMode:
     mode = CONNECTOR_MODES.get(kv_connector)
     if mode is None:
         raise InvalidConfiguration(
-            f"unknown KV connector {kv_connector[:64]!r}: pass its handoff mode (nixl, mooncake "
-            "or passthrough) explicitly",
+            f"unknown KV connector {kv_connector[:64]!r}: pass its handoff mode (nixl, "
+            "transfer, mooncake or passthrough) explicitly",
             param="kv_connector",
         )
     return mode
@@ -200,7 +204,9 @@ class KvHandoff:
     has). ``decode_params`` and ``decode_legacy`` go on the decode leg before
     prefill runs (a minted Mooncake transfer, or the legacy host and port).
     ``relays``: put the KV parameters the prefill returns on the decode leg.
-    ``dp_rank`` is the data-parallel rank to pin the prefill leg to.
+    ``dp_rank`` is the data-parallel rank to pin the prefill leg to. ``mode`` is the
+    contract planned for: the post-prefill check reads the fields it requires
+    ([`ensure_kv_handoff`][pd_policy.handoff.ensure_kv_handoff]).
     """
 
     runs_prefill: bool
@@ -210,6 +216,9 @@ class KvHandoff:
     relays: bool = False
     transfer_id: str | None = attrs.field(default=None, repr=redacted_repr)
     dp_rank: int | None = None
+    mode: KvConnectorMode = attrs.field(
+        kw_only=True, validator=instance_of(KvConnectorMode, error=InvalidConfiguration)
+    )
 
 
 def _json(params: dict[str, object]) -> str:
@@ -228,15 +237,18 @@ def plan_kv_handoff(kv: PrefillKv, *, n: int, transfer_id: str | None = None) ->
     if kv.mode is KvConnectorMode.MOONCAKE and engine_id is None:
         assert kv.bootstrap_host is not None  # PrefillKv checks it
         legacy = LegacyKvParams(kv.bootstrap_host, kv.bootstrap_port)
+    mode = kv.mode
     if n > 1:
         # One consumer per handoff: decode recomputes the prompt alone.
-        return KvHandoff(runs_prefill=False, decode_legacy=legacy)
-    if kv.mode is KvConnectorMode.NIXL:
-        return KvHandoff(runs_prefill=True, prefill_params=NIXL_PREFILL_PARAMS, relays=True)
-    if kv.mode is KvConnectorMode.PASSTHROUGH:
-        return KvHandoff(runs_prefill=True, relays=True)
+        return KvHandoff(runs_prefill=False, decode_legacy=legacy, mode=mode)
+    if mode in (KvConnectorMode.NIXL, KvConnectorMode.TRANSFER):
+        return KvHandoff(
+            runs_prefill=True, prefill_params=NIXL_PREFILL_PARAMS, relays=True, mode=mode
+        )
+    if mode is KvConnectorMode.PASSTHROUGH:
+        return KvHandoff(runs_prefill=True, relays=True, mode=mode)
     if engine_id is None:
-        return KvHandoff(runs_prefill=True, decode_legacy=legacy)
+        return KvHandoff(runs_prefill=True, decode_legacy=legacy, mode=mode)
     tid = transfer_id if transfer_id is not None else mint_transfer_id()
     prefill = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": tid}
     decode = {
@@ -252,6 +264,7 @@ def plan_kv_handoff(kv: PrefillKv, *, n: int, transfer_id: str | None = None) ->
         decode_params=_json(decode),
         transfer_id=tid,
         dp_rank=kv.dp_rank if kv.dp_size > 1 else None,
+        mode=mode,
     )
 
 

@@ -87,7 +87,7 @@ class SequentialPd(PdCalls):
             complete = await self._run_prefill(prefill_leg(request, handoff), request.request_id)
             if handoff.relays:
                 relay_kv(leg, complete)
-        ensure_kv_handoff(request, form, leg)
+        ensure_kv_handoff(request, form, leg, handoff.mode)
         # aclosing: a caller that stops iterating closes the decode stream now, not at
         # garbage collection, so its abort goes out while the channel is open.
         async with contextlib.aclosing(

@@ -22,7 +22,7 @@ from pd_policy import (
     connector_mode,
 )
 
-from .view import batches_with_paths, has_kv_transfer_params, has_mm_inputs
+from .view import batches_with_paths, has_mm_inputs, kv_handoff_facts
 from .wire import pb
 
 __all__ = [
@@ -172,17 +172,24 @@ def relay_kv(leg: pb.GenerateRequest, complete: pb.GenerateComplete) -> pb.Gener
 
 
 def ensure_kv_handoff(
-    original: pb.GenerateRequest, form: DecodeForm, leg: pb.GenerateRequest
+    original: pb.GenerateRequest,
+    form: DecodeForm,
+    leg: pb.GenerateRequest,
+    mode: KvConnectorMode,
 ) -> None:
     """The post-prefill check (see
-    [`pd_policy.ensure_kv_handoff`][pd_policy.handoff.ensure_kv_handoff]).
+    [`pd_policy.ensure_kv_handoff`][pd_policy.handoff.ensure_kv_handoff]), for the prefill
+    worker's connector contract ``mode``.
 
     Raises [`MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams] (502) when a
-    stripped
-    multimodal leg carries neither KV form; text keeps the recompute fallback.
+    stripped multimodal leg carries no KV form complete for ``mode``; text keeps the
+    recompute fallback.
     """
+    params, legacy = kv_handoff_facts(leg)
     check_kv_handoff(
         form,
         has_mm_inputs=has_mm_inputs(original),
-        has_kv_transfer_params=has_kv_transfer_params(leg),
+        kv_transfer_params=params,
+        kv_legacy=legacy,
+        mode=mode,
     )

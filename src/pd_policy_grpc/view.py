@@ -33,6 +33,7 @@ __all__ = [
     "has_kv_transfer_params",
     "has_media_refs",
     "has_mm_inputs",
+    "kv_handoff_facts",
     "parse_generate_request",
     "request_view",
     "tensor_descriptor",
@@ -71,6 +72,18 @@ def has_media_refs(request: pb.GenerateRequest) -> bool:
 def has_kv_transfer_params(request: pb.GenerateRequest) -> bool:
     """True when either wire form of the KV handoff is set (an empty JSON text is not)."""
     return bool(request.kv_transfer_params_json) or request.HasField("kv_transfer_params")
+
+
+def kv_handoff_facts(request: pb.GenerateRequest) -> tuple[str | None, tuple[str, int] | None]:
+    """The KV handoff a message carries, as
+    [`pd_policy.check_kv_handoff`][pd_policy.handoff.check_kv_handoff] reads it: the JSON
+    text (``None`` when unset or empty) and the typed ``(remote_host, remote_port)``
+    (``None`` when unset)."""
+    legacy = request.kv_transfer_params if request.HasField("kv_transfer_params") else None
+    return (
+        request.kv_transfer_params_json or None,
+        (legacy.remote_host, legacy.remote_port) if legacy is not None else None,
+    )
 
 
 def tensor_descriptor(name: str, tensor: pb.TensorData) -> TensorDescriptor:

@@ -43,10 +43,12 @@ import attrs
 
 from pd_policy import (
     DecodeForm,
+    KvConnectorMode,
     MissingKvTransferParams,
     Request,
     Support,
     WorkerCapability,
+    connector_mode,
     decode_leg,
     ensure_kv_handoff,
     relay_kv,
@@ -54,7 +56,7 @@ from pd_policy import (
 )
 
 from .engine import generate_one
-from .model_config import model_config_of
+from .model_config import kv_connector_of, model_config_of
 from .preprocess import Preprocessed, image_content_hash, image_token_id, preprocess
 from .prompt import KV_TRANSFER_PARAMS_KEY, decode_inputs
 from .vision import accepts_mm_metadata, supports_vision
@@ -97,6 +99,11 @@ class LocalPd:
     ``fold_salt=False`` sends the
     decode leg without its media identities, as gateways did before the fold:
     it exists to show the prefix-cache hazard, never use it otherwise.
+    ``kv_mode`` is the prefill connector's handoff contract, by default read off the
+    prefill engine's ``kv_transfer_config``
+    ([`connector_mode`][pd_policy.connectors.connector_mode], which raises
+    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a connector it
+    does not know).
     """
 
     def __init__(
@@ -106,8 +113,10 @@ class LocalPd:
         *,
         decode_worker: WorkerCapability | None = None,
         fold_salt: bool = True,
+        kv_mode: KvConnectorMode | None = None,
     ) -> None:
         self.prefill = prefill
+        self.kv_mode = kv_mode if kv_mode is not None else connector_mode(kv_connector_of(prefill))
         self.decode = decode
         # The decode engine's own answer: its guard runs whatever the router believes.
         self._decode_takes_metadata = accepts_mm_metadata(decode)
@@ -201,7 +210,7 @@ class LocalPd:
             raise RuntimeError("the prefill engine expanded the prompt unlike the router")
 
         leg = relay_kv(decode_leg(request, form), _handoff_only(returned))
-        ensure_kv_handoff(request, form, leg)
+        ensure_kv_handoff(request, form, leg, self.kv_mode)
 
         salt = None
         if form in (DecodeForm.TEXT_PLUS_HASHES, DecodeForm.MROPE_METADATA):

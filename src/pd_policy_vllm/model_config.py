@@ -8,7 +8,13 @@ works the same on every vLLM version that keeps these attribute names.
 
 from __future__ import annotations
 
-__all__ = ["is_kv_consumer", "is_multimodal_model", "model_config_of", "multimodal_config"]
+__all__ = [
+    "is_kv_consumer",
+    "is_multimodal_model",
+    "kv_connector_of",
+    "model_config_of",
+    "multimodal_config",
+]
 
 
 def model_config_of(source: object) -> object:
@@ -66,3 +72,16 @@ def is_kv_consumer(source: object) -> bool:
             node = inner
     kv_config = getattr(node, "kv_transfer_config", None)
     return bool(getattr(kv_config, "is_kv_consumer", False))
+
+
+def kv_connector_of(source: object) -> str:
+    """The KV connector class the engine behind ``source`` names
+    (``kv_transfer_config.kv_connector``), ``""`` when it has none or ``source`` is a
+    bare ``ModelConfig``."""
+    node = source
+    for hop in ("llm_engine", "vllm_config"):
+        inner = getattr(node, hop, None)
+        if inner is not None:
+            node = inner
+    name = getattr(getattr(node, "kv_transfer_config", None), "kv_connector", None)
+    return name if isinstance(name, str) else ""

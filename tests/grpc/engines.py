@@ -125,7 +125,8 @@ class PrefillEngine(Engine):
         if self.returns == "json":
             complete.kv_transfer_params_json = json.dumps(
                 {"do_remote_prefill": True, "do_remote_decode": False,
-                 "transfer_id": f"xfer-{request.request_id}", "remote_engine_id": "prefill-0"}
+                 "transfer_id": f"xfer-{request.request_id}", "remote_engine_id": "prefill-0",
+         "remote_block_ids": [0, 1], "remote_host": "prefill-0.local", "remote_port": 5600}
             )  # fmt: skip
         elif self.returns == "legacy":
             complete.kv_transfer_params.remote_host = "prefill-0.local"

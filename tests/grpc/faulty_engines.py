@@ -51,7 +51,8 @@ def kv_json(request_id: str) -> str:
     """The ``kv_transfer_params_json`` :class:`FaultyPrefill` returns for ``request_id``."""
     return json.dumps(
         {"do_remote_prefill": True, "do_remote_decode": False,
-         "transfer_id": f"xfer-{request_id}", "remote_engine_id": "prefill-0"}
+         "transfer_id": f"xfer-{request_id}", "remote_engine_id": "prefill-0",
+         "remote_block_ids": [0, 1], "remote_host": "prefill-0.local", "remote_port": 5600}
     )  # fmt: skip
 
 

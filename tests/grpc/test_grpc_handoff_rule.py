@@ -8,7 +8,13 @@ from proto_strategies import to_proto
 
 import pd_policy
 import pd_policy_grpc
-from pd_policy import MissingKvTransferParams, PolicyError, Request, WorkerCapability
+from pd_policy import (
+    KvConnectorMode,
+    MissingKvTransferParams,
+    PolicyError,
+    Request,
+    WorkerCapability,
+)
 from pd_policy.tools.outcome import PrefillResult
 from pd_policy_grpc import request_view
 from pd_policy_grpc.wire import pb
@@ -57,5 +63,6 @@ def test_the_wire_502_is_the_cores(
     core_leg = pd_policy.relay_kv(core_leg, prefill.kv_transfer_params, prefill.kv_legacy)
     wire_leg = pd_policy_grpc.relay_kv(wire_leg, completion(prefill))
     assert request_view(wire_leg) == core_leg
-    core = fires(pd_policy.ensure_kv_handoff, request, form, core_leg)
-    assert fires(pd_policy_grpc.ensure_kv_handoff, msg, form, wire_leg) == core
+    for mode in KvConnectorMode:
+        core = fires(pd_policy.ensure_kv_handoff, request, form, core_leg, mode)
+        assert fires(pd_policy_grpc.ensure_kv_handoff, msg, form, wire_leg, mode) == core

@@ -122,7 +122,7 @@ def test_mooncake_mints_one_transfer_for_both_legs() -> None:
         "remote_bootstrap_addr": "http://10.0.0.1:8998",
     }
     # The minted transfer is the handoff: the 502 check accepts it.
-    ensure_kv_handoff(to_proto(image_request()), DecodeForm.TEXT_PLUS_HASHES, decode)
+    ensure_kv_handoff(to_proto(image_request()), DecodeForm.TEXT_PLUS_HASHES, decode, handoff.mode)
 
 
 def test_mooncake_under_data_parallelism_pins_the_rank() -> None:
@@ -158,7 +158,7 @@ def test_the_prefill_worker_is_read_from_its_server_info() -> None:
     assert prefill_kv_from_info(info, "dns:///p:1").bootstrap_host == "p"
     for name, mode in [
         ("NixlConnector", KvConnectorMode.NIXL),
-        ("TransferConnector", KvConnectorMode.NIXL),
+        ("TransferConnector", KvConnectorMode.TRANSFER),
         ("ExampleConnector", KvConnectorMode.PASSTHROUGH),
         ("", KvConnectorMode.PASSTHROUGH),
     ]:
@@ -190,14 +190,16 @@ def test_nothing_is_relayed_for_n_samples_or_an_empty_text() -> None:
     empty = pb.GenerateComplete(kv_transfer_params_json="")
     leg = relay_kv(to_proto(image_request()), empty)
     with pytest.raises(MissingKvTransferParams):
-        ensure_kv_handoff(to_proto(image_request()), DecodeForm.TEXT_PLUS_HASHES, leg)
+        ensure_kv_handoff(
+            to_proto(image_request()), DecodeForm.TEXT_PLUS_HASHES, leg, KvConnectorMode.NIXL
+        )
 
 
 def test_the_handoff_check_spares_text_and_vision_forms() -> None:
     bare = to_proto(image_request())
     ensure_kv_handoff(
-        to_proto(text_request()), DecodeForm.TEXT_PLUS_HASHES, to_proto(text_request())
+        to_proto(text_request()), DecodeForm.TEXT_PLUS_HASHES, to_proto(text_request()), NIXL.mode
     )
-    ensure_kv_handoff(bare, DecodeForm.IDENTITY_ONLY, bare)
+    ensure_kv_handoff(bare, DecodeForm.IDENTITY_ONLY, bare, NIXL.mode)
     with pytest.raises(MissingKvTransferParams):
-        ensure_kv_handoff(bare, DecodeForm.TEXT_PLUS_HASHES, bare)
+        ensure_kv_handoff(bare, DecodeForm.TEXT_PLUS_HASHES, bare, NIXL.mode)

@@ -50,6 +50,6 @@ def test_no_leg_builder_changes_the_routers_message(
         leg = pd_policy_grpc.apply_kv_handoff(leg, handoff)
         legs.append(pd_policy_grpc.relay_kv(leg, COMPLETE))
         with contextlib.suppress(PolicyError):
-            pd_policy_grpc.ensure_kv_handoff(proto, form, leg)
+            pd_policy_grpc.ensure_kv_handoff(proto, form, leg, handoff.mode)
     assert proto.SerializeToString(deterministic=True) == before
     assert all(leg is not proto for leg in legs)

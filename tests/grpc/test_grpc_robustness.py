@@ -9,7 +9,13 @@ from proto_strategies import protos, to_proto
 
 import pd_policy_grpc
 from fuzzing import counted, fuzz
-from pd_policy import MalformedRequest, PolicyError, VisionSupport, WorkerCapability
+from pd_policy import (
+    KvConnectorMode,
+    MalformedRequest,
+    PolicyError,
+    VisionSupport,
+    WorkerCapability,
+)
 from pd_policy.tools.scenarios import image_request
 from pd_policy_grpc import parse_generate_request, request_view
 from pd_policy_grpc.wire import common, pb
@@ -79,7 +85,7 @@ def test_edited_messages_give_a_typed_400_or_a_leg_for_every_worker(
             assert exc.status == 400
             continue
         try:
-            pd_policy_grpc.ensure_kv_handoff(request, form, leg)
+            pd_policy_grpc.ensure_kv_handoff(request, form, leg, KvConnectorMode.NIXL)
         except PolicyError as exc:
             assert exc.status == 502
 

@@ -137,10 +137,22 @@ def test_no_kv_from_prefill_is_a_502_for_an_image_but_not_for_text() -> None:
 
 def test_the_legacy_typed_kv_field_is_relayed() -> None:
     async def scenario(pd: SequentialPd, p: PrefillEngine, d: Engine) -> None:
-        await collect(pd, to_proto(image_request()))
+        # A text request: under NIXL the host and port alone are no handoff for an image.
+        await collect(pd, to_proto(text_request()))
         (leg,) = d.requests
         assert leg.kv_transfer_params.remote_host == "prefill-0.local"
         assert leg.kv_transfer_params.remote_port == 7000
+
+    run(scenario, prefill=PrefillEngine(returns="legacy"))
+
+
+def test_the_legacy_pair_alone_is_no_nixl_handoff_for_an_image() -> None:
+    async def scenario(pd: SequentialPd, p: PrefillEngine, d: Engine) -> None:
+        with pytest.raises(MissingKvTransferParams) as caught:
+            await collect(pd, to_proto(image_request()))
+        assert "remote_block_ids" in caught.value.message
+        assert "prefill-0.local" not in caught.value.message
+        assert not d.requests  # refused before decode is called
 
     run(scenario, prefill=PrefillEngine(returns="legacy"))
 

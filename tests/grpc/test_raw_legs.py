@@ -142,9 +142,10 @@ def test_the_handoff_in_bytes_is_the_message_handoff(
             return True
         return False
 
-    assert fires(raw.ensure_kv_handoff, request, form, leg) == fires(
-        pd_policy_grpc.ensure_kv_handoff, parsed, form, expected
-    )
+    for mode in KvConnectorMode:
+        assert fires(raw.ensure_kv_handoff, request, form, leg, mode) == fires(
+            pd_policy_grpc.ensure_kv_handoff, parsed, form, expected, mode
+        )
 
 
 def _agree(data: bytes) -> None:

@@ -90,7 +90,10 @@ class Stand:
         finally:
             self.in_flight -= 1
         if body.get("max_tokens") == 1 and body.get("stream") is False:  # a prefill leg
-            params = {"transfer_id": self.name}
+            # Complete for NIXL (the workers' default contract), and named by the stand.
+            params = {"do_remote_prefill": True, "transfer_id": self.name,
+                      "remote_engine_id": self.name, "remote_block_ids": [0],
+                      "remote_host": "127.0.0.1", "remote_port": 1}  # fmt: skip
             return web.json_response({"prompt_token_ids": [1, 2, 3, 4],
                                       "kv_transfer_params": params})  # fmt: skip
         if not body.get("stream"):

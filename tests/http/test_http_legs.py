@@ -198,11 +198,11 @@ def test_the_carve_outs_apply_as_on_grpc() -> None:
     plain = policy_request(body, Route.CHAT, request_id="r", mrope=False)
     form, leg = build_decode_leg(plain, LM_ONLY)
     with pytest.raises(MissingKvTransferParams):
-        ensure_kv_handoff(plain, form, relay_kv(leg, None))
+        ensure_kv_handoff(plain, form, relay_kv(leg, None), KvConnectorMode.NIXL)
     text = policy_request({"messages": [{"role": "user", "content": "hi"}]}, Route.CHAT,
                           request_id="r", mrope=True)  # fmt: skip
     form, leg = build_decode_leg(text, LM_ONLY)
-    ensure_kv_handoff(text, form, leg)  # text recomputes
+    ensure_kv_handoff(text, form, leg, KvConnectorMode.NIXL)  # text recomputes
 
 
 @pytest.mark.parametrize(

@@ -42,12 +42,15 @@ def _legs(
 ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
     """The prefill leg and the decode leg (as the worker reads them, from their bytes)."""
     plan = plan_request(
-        body, route, [DecodeCandidate(worker, 0)], PrefillKv(KvConnectorMode.NIXL),
+        body, route, [DecodeCandidate(worker, 0)], PrefillKv(KvConnectorMode.TRANSFER),
         mrope=False, request_id="r",
     )  # fmt: skip
     assert plan.prefill is not None
     if reply is None:
-        reply = {"prompt_token_ids": EXPANDED, "kv_transfer_params": {"transfer_id": "t"}}
+        reply = {
+            "prompt_token_ids": EXPANDED,
+            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": "t"},
+        }
     if route is Route.COMPLETIONS:
         ids = reply.pop("prompt_token_ids")
         reply = {**reply, "choices": [{"prompt_token_ids": ids}]}
@@ -58,17 +61,25 @@ def _legs(
 def test_the_prefills_expanded_ids_win_over_ids_the_relayed_parameters_carry() -> None:
     reply = {
         "prompt_token_ids": EXPANDED,
-        "kv_transfer_params": {"transfer_id": "t", "prompt_token_ids": [1, 2]},
+        "kv_transfer_params": {
+            "do_remote_prefill": True,
+            "transfer_id": "t",
+            "prompt_token_ids": [1, 2],
+        },
     }
     _, decode = _legs(_chat(), reply=reply)
-    assert decode["kv_transfer_params"] == {"transfer_id": "t", "prompt_token_ids": EXPANDED}
+    assert decode["kv_transfer_params"] == {
+        "do_remote_prefill": True,
+        "transfer_id": "t",
+        "prompt_token_ids": EXPANDED,
+    }
 
 
 def test_the_relayed_parameters_win_over_the_clients() -> None:
     _, decode = _legs(_chat(kv_transfer_params={"transfer_id": "the client's"}))
     assert decode["kv_transfer_params"]["transfer_id"] == "t"
     _, full = _legs(_chat(kv_transfer_params={"transfer_id": "the client's"}), worker=VISION)
-    assert full["kv_transfer_params"] == {"transfer_id": "t"}
+    assert full["kv_transfer_params"] == {"do_remote_prefill": True, "transfer_id": "t"}
 
 
 def test_the_folded_salt_wins_over_the_clients() -> None:

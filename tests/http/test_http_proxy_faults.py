@@ -37,7 +37,10 @@ def good_prefill(ids: Any = (1, 2, 3)) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         await request.read()
         return web.json_response(
-            {"prompt_token_ids": list(ids), "kv_transfer_params": {"transfer_id": "t"}}
+            {
+                "prompt_token_ids": list(ids),
+                "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": "t"},
+            }
         )
 
     return handler
@@ -55,6 +58,7 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
 async def _through_proxy(
     prefill: Handler, decode: Handler, body: bytes, seen: list[str],
     path: str = "/v1/chat/completions", decode_capability: WorkerCapability = LM_ONLY,
+    kv: KvConnectorMode = KvConnectorMode.TRANSFER,
 ) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
     """Serve the stand-ins and a proxy in front of them, send ``body``, return the answer."""
     runners = []
@@ -73,7 +77,7 @@ async def _through_proxy(
             runners.append(runner)
             urls.append(url)
         proxy = Proxy(
-            HttpWorker(urls[0], kv=PrefillKv(KvConnectorMode.NIXL)),
+            HttpWorker(urls[0], kv=PrefillKv(kv)),
             [HttpWorker(urls[1], decode_capability)],
             mrope=False,
         )
@@ -91,12 +95,12 @@ async def _through_proxy(
 
 def run(
     prefill: Handler, decode: Handler, body: Any, path: str = "/v1/chat/completions",
-    decode_capability: WorkerCapability = LM_ONLY,
+    decode_capability: WorkerCapability = LM_ONLY, kv: KvConnectorMode = KvConnectorMode.TRANSFER,
 ) -> tuple[int, dict[str, str], bytes, list[str]]:  # fmt: skip
     seen: list[str] = []
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     status, headers, answer = asyncio.run(
-        _through_proxy(prefill, decode, raw, seen, path, decode_capability)
+        _through_proxy(prefill, decode, raw, seen, path, decode_capability, kv)
     )
     return status, headers, answer, seen
 
@@ -191,7 +195,7 @@ def test_the_prefill_leg_is_the_clients_bytes_with_only_the_changed_members_rewr
     assert (status, seen) == (200, ["prefill", "decode"])
     (leg,) = received
     assert messages.encode() in leg  # the client's bytes, not the body written again
-    handoff = plan_kv_handoff(PrefillKv(KvConnectorMode.NIXL), n=1)
+    handoff = plan_kv_handoff(PrefillKv(KvConnectorMode.TRANSFER), n=1)
     assert json.loads(leg) == prefill_body(json.loads(raw), Route.CHAT, handoff)
 
 

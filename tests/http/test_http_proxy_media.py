@@ -44,7 +44,12 @@ async def _run(mode: RemoteMedia, requests: int) -> tuple[list[Any], list[Any], 
 
     async def prefill(request: web.Request) -> web.Response:
         prefills.append(await request.json())
-        return web.json_response({"prompt_token_ids": [1, 2, 3], "kv_transfer_params": {"t": 1}})
+        return web.json_response(
+            {
+                "prompt_token_ids": [1, 2, 3],
+                "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": "t"},
+            }
+        )
 
     async def decode(request: web.Request) -> web.Response:
         decodes.append(await request.json())
@@ -62,7 +67,7 @@ async def _run(mode: RemoteMedia, requests: int) -> tuple[list[Any], list[Any], 
             urls.append(url)
         rules = MediaFetchRules(allowed_domains=["127.0.0.1"], known=True)
         proxy = Proxy(
-            HttpWorker(urls[1], kv=PrefillKv(KvConnectorMode.NIXL), media=WorkerMedia(rules)),
+            HttpWorker(urls[1], kv=PrefillKv(KvConnectorMode.TRANSFER), media=WorkerMedia(rules)),
             [HttpWorker(urls[2], WorkerCapability(Support.FALSE))],
             mrope=False,
             remote_media=mode,
@@ -121,7 +126,7 @@ def test_refuse_mode_refuses_before_any_worker() -> None:
 
 
 def test_a_proxy_that_does_not_know_the_workers_rules_does_not_fetch() -> None:
-    worker = HttpWorker("http://127.0.0.1:1", kv=PrefillKv(KvConnectorMode.NIXL))
+    worker = HttpWorker("http://127.0.0.1:1", kv=PrefillKv(KvConnectorMode.TRANSFER))
     decode = [HttpWorker("http://127.0.0.1:2", WorkerCapability(Support.FALSE))]
     proxy = Proxy(worker, decode, mrope=False)
     (member,) = proxy.fleet.of("prefill")

@@ -31,10 +31,14 @@ def responses(**extra: Any) -> dict[str, Any]:
 
 def legs(body: dict[str, Any], worker: WorkerCapability) -> tuple[dict[str, Any], Leg]:
     chat = chat_equivalent(body)
-    plan = plan_request(chat, Route.CHAT, [DecodeCandidate(worker, 0)],
-                        PrefillKv(KvConnectorMode.NIXL), mrope=False, request_id="r")  # fmt: skip
+    kv = PrefillKv(KvConnectorMode.TRANSFER)
+    plan = plan_request(chat, Route.CHAT, [DecodeCandidate(worker, 0)], kv, mrope=False,
+                        request_id="r")  # fmt: skip
     assert plan.prefill is not None
-    reply = {"prompt_token_ids": [1, 2, 3], "kv_transfer_params": {"transfer_id": "t"}}
+    reply = {
+        "prompt_token_ids": [1, 2, 3],
+        "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": "t"},
+    }
     stripped = plan.form in STRIPPED
     return plan.prefill, responses_decode_leg(body, decode_leg(plan, reply), stripped)
 
@@ -61,7 +65,11 @@ def test_a_language_model_only_decode_gets_the_request_without_media_and_with_th
     assert leg.route == RESPONSES
     out = leg.body
     assert out["input"][0]["content"] == [{"type": "input_text", "text": "what is it?"}]
-    assert out["kv_transfer_params"] == {"transfer_id": "t", "prompt_token_ids": [1, 2, 3]}
+    assert out["kv_transfer_params"] == {
+        "do_remote_prefill": True,
+        "transfer_id": "t",
+        "prompt_token_ids": [1, 2, 3],
+    }
     assert out["cache_salt"].startswith("mm1:") and out["stream"] is True
     assert out["instructions"] == "be brief" and out["max_output_tokens"] == 5
     assert "mm_processor_kwargs" not in out
@@ -72,7 +80,7 @@ def test_a_vision_decode_gets_the_request_itself_with_the_kv() -> None:
     body = responses()
     _, leg = legs(body, WorkerCapability(Support.TRUE))
     assert leg.body["input"] == body["input"]
-    assert leg.body["kv_transfer_params"] == {"transfer_id": "t"}
+    assert leg.body["kv_transfer_params"] == {"do_remote_prefill": True, "transfer_id": "t"}
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from pd_policy_vllm.http.scale_out import DERENDER, GENERATE, read_render
 LM_ONLY = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.FALSE)
 METADATA = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE)
 VISION = WorkerCapability(Support.TRUE)
-NIXL = PrefillKv(KvConnectorMode.NIXL)
+NIXL = PrefillKv(KvConnectorMode.TRANSFER)  # tagged as NIXL is; names a transfer id
 RETURNED = {"do_remote_prefill": True, "transfer_id": "t-1"}
 
 

@@ -34,7 +34,7 @@ from pd_policy_vllm.http.scale_out import GENERATE
 
 LM_ONLY = WorkerCapability(Support.FALSE)
 VISION = WorkerCapability(Support.TRUE)
-NIXL = PrefillKv(KvConnectorMode.NIXL)
+NIXL = PrefillKv(KvConnectorMode.TRANSFER)  # tagged as NIXL is; RELAYED names its transfer
 IDS = [1, 2, 3] + [32000] * 36 + [4, 5]
 RELAYED = {"transfer_id": "t1", "do_remote_prefill": True}
 
@@ -215,7 +215,7 @@ def test_text_request_on_lm_only_decode_runs_pd_without_a_salt() -> None:
 
 
 def test_prefill_kv_reads_the_connector() -> None:
-    assert prefill_kv({"kv_connector": "TransferConnector"}).mode is KvConnectorMode.NIXL
+    assert prefill_kv({"kv_connector": "TransferConnector"}).mode is KvConnectorMode.TRANSFER
     assert prefill_kv({"kv_connector": "NixlConnector"}).mode is KvConnectorMode.NIXL
     for config in (None, {}, {"kv_connector": ""}, {"kv_connector": "Else"}, {"kv_connector": 3}):
         with pytest.raises(InvalidConfiguration):

@@ -19,6 +19,7 @@ from typing import Any, Final, TextIO
 from pd_policy import __version__
 from pd_policy.catalog import ERROR_CATALOG
 from pd_policy.codec import request_from_json, worker_from_json
+from pd_policy.connectors import KvConnectorMode
 from pd_policy.errors import MalformedRequest, PolicyError
 from pd_policy.jsontext import loads_strict
 
@@ -85,11 +86,11 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
         if not isinstance(returned, dict):
             raise UsageError(f"{args.prefill_kv}: the KV parameters must be a JSON object")
         try:
-            prefill = PrefillResult.returned(returned)
+            prefill = PrefillResult.returned(returned, KvConnectorMode(args.kv_mode))
         except MalformedRequest as exc:
             raise _field_error(args.prefill_kv, exc) from None
     elif args.prefill_returned_nothing:
-        prefill = PrefillResult.nothing()
+        prefill = PrefillResult.nothing(KvConnectorMode(args.kv_mode))
     try:
         request = request_from_json(raw_request)
     except MalformedRequest as exc:
@@ -217,6 +218,10 @@ def _parser() -> argparse.ArgumentParser:
     handoff.add_argument(
         "--prefill-returned-nothing", action="store_true", help="prefill returned no KV parameters"
     )
+    explain.add_argument(
+        "--kv-mode", choices=[m.value for m in KvConnectorMode], default="nixl",
+        help="the prefill connector's handoff contract, whose fields the check requires",
+    )  # fmt: skip
     explain.add_argument("--json", action="store_true", help="print JSON")
     command("errors", _errors, "print the error catalog").add_argument(
         "--json", action="store_true", help="print JSON"

@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from pd_policy.codec import request_to_json
+from pd_policy.connectors import KvConnectorMode
 from pd_policy.decision import DecodeForm
 from pd_policy.errors import PolicyError
 from pd_policy.fields import redacted_repr
@@ -28,22 +29,26 @@ __all__ = ["Outcome", "PrefillResult", "plan"]
 
 @attrs.frozen(slots=True)
 class PrefillResult:
-    """What the prefill leg returned about the KV handoff (nothing, for a failed handoff)."""
+    """What the prefill leg returned about the KV handoff (nothing, for a failed handoff),
+    and ``mode``, the contract of the prefill's connector the handoff is checked under."""
 
     kv_transfer_params: str | None = attrs.field(
         default=None, converter=kv_params_text, repr=redacted_repr
     )
     kv_legacy: LegacyKvParams | None = None
+    mode: KvConnectorMode = KvConnectorMode.NIXL
 
     @classmethod
-    def returned(cls, params: Mapping[str, Any] | str) -> PrefillResult:
+    def returned(
+        cls, params: Mapping[str, Any] | str, mode: KvConnectorMode = KvConnectorMode.NIXL
+    ) -> PrefillResult:
         """A prefill that returned ``params`` (a JSON object or its text)."""
-        return cls(kv_transfer_params=kv_params_text(params))
+        return cls(kv_transfer_params=kv_params_text(params), mode=mode)
 
     @classmethod
-    def nothing(cls) -> PrefillResult:
+    def nothing(cls, mode: KvConnectorMode = KvConnectorMode.NIXL) -> PrefillResult:
         """A prefill that returned no KV parameters."""
-        return cls()
+        return cls(mode=mode)
 
 
 @attrs.frozen(slots=True)
@@ -101,7 +106,7 @@ def plan(
         form, leg = build_decode_leg(request, decode_worker)
         if prefill is not None:
             leg = relay_kv(leg, prefill.kv_transfer_params, prefill.kv_legacy)
-            ensure_kv_handoff(request, form, leg)
+            ensure_kv_handoff(request, form, leg, prefill.mode)
     except PolicyError as exc:
         return Outcome(None, None, None, None, exc, prefill is not None)
     return Outcome(

@@ -19,6 +19,7 @@ from pd_policy.decision import DecodeForm, sequential_pd_decode_form
 from pd_policy.encoder_cache import encoder_outputs
 from pd_policy.epd import PrefillForm, encoder_consumer_leg, needs_encode_leg
 from pd_policy.errors import PolicyError
+from pd_policy.handoff_fields import REQUIRED_KV_FIELDS
 from pd_policy.mrope import has_mrope_grids
 from pd_policy.request import Request
 from pd_policy.tensor import PayloadLocation
@@ -137,13 +138,31 @@ def connector_table() -> str:
             "the same transfer, the engine id and the bootstrap address; or, with no engine "
             "id to mint for, the legacy typed host and port",
         ),
+        KvConnectorMode.TRANSFER: (
+            "tagged `" + NIXL_PREFILL_PARAMS + "`",
+            "the parameters the prefill returned, relayed",
+        ),
         KvConnectorMode.PASSTHROUGH: ("not tagged", "whatever the engine returned, relayed"),
     }
-    lines = ["| contract | connectors | prefill leg | decode leg |", "|---|---|---|---|"]
+    lines = [
+        "| contract | connectors | prefill leg | decode leg | a handoff names |",
+        "|---|---|---|---|---|",
+    ]
     for mode in KvConnectorMode:
         prefill, decode = what[mode]
-        lines.append(f"| `{mode.value}` | {', '.join(by_mode[mode])} | {prefill} | {decode} |")
-    lines += ["", "Any other connector name is refused at start-up (`pd_invalid_configuration`)."]
+        fields = ", ".join(f"`{f}`" for f in REQUIRED_KV_FIELDS[mode]) or "any field"
+        if mode is KvConnectorMode.MOONCAKE:
+            fields += "; or the legacy host and port"
+        lines.append(
+            f"| `{mode.value}` | {', '.join(by_mode[mode])} | {prefill} | {decode} | {fields} |"
+        )
+    lines += [
+        "",
+        "Any other connector name is refused at start-up (`pd_invalid_configuration`). A "
+        "stripped multimodal leg whose handoff lacks a named field (`do_remote_prefill` must "
+        'be `true`; `null`, `""`, `[]` and `{}` count as missing) is refused after prefill '
+        "(`pd_decode_missing_kv_transfer_params`, 502); a text leg recomputes.",
+    ]
     return "\n".join(lines)
 
 

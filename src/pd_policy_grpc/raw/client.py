@@ -82,7 +82,7 @@ class SequentialPdBytes(PdCalls):
             complete = await self._run_prefill(bytes(prefill_leg(request, handoff)), request_id)
             if handoff.relays:
                 leg = relay_kv(leg, complete)
-        ensure_kv_handoff(request, form, leg)
+        ensure_kv_handoff(request, form, leg, handoff.mode)
         async with contextlib.aclosing(
             self._stream_decode(decode, bytes(leg), request_id)
         ) as stream:

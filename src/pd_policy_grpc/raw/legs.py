@@ -19,7 +19,14 @@ from __future__ import annotations
 
 from typing import Final
 
-from pd_policy import MROPE_GRID_KEYS, DecodeForm, KvHandoff, WorkerCapability, check_kv_handoff
+from pd_policy import (
+    MROPE_GRID_KEYS,
+    DecodeForm,
+    KvConnectorMode,
+    KvHandoff,
+    WorkerCapability,
+    check_kv_handoff,
+)
 from pd_policy_grpc import legs as message_legs
 from pd_policy_grpc.kv import sanitise_prefill_sampling
 from pd_policy_grpc.view import has_mm_inputs
@@ -164,14 +171,20 @@ def relay_kv(leg: RawLeg, complete: pb.GenerateComplete) -> RawLeg:
     return leg
 
 
-def ensure_kv_handoff(original: RawRequest, form: DecodeForm, leg: RawLeg) -> None:
+def ensure_kv_handoff(
+    original: RawRequest, form: DecodeForm, leg: RawLeg, mode: KvConnectorMode
+) -> None:
     """The post-prefill check (see
-    [`pd_policy.ensure_kv_handoff`][pd_policy.handoff.ensure_kv_handoff]).
+    [`pd_policy.ensure_kv_handoff`][pd_policy.handoff.ensure_kv_handoff]), for the prefill
+    worker's connector contract ``mode``.
 
     Raises [`MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams] (502).
     """
+    params, legacy = leg.kv_handoff_facts()
     check_kv_handoff(
         form,
         has_mm_inputs=has_mm_inputs(original.skeleton),
-        has_kv_transfer_params=leg.has_kv_transfer_params(),
+        kv_transfer_params=params,
+        kv_legacy=legacy,
+        mode=mode,
     )

@@ -15,7 +15,7 @@ from typing import Final, NamedTuple
 import attrs
 from google.protobuf.message import Message
 
-from pd_policy_grpc.view import has_kv_transfer_params
+from pd_policy_grpc.view import has_kv_transfer_params, kv_handoff_facts
 from pd_policy_grpc.wire import pb
 
 from .protowire import LEN, Field, length_prefix
@@ -82,6 +82,12 @@ class RawLeg:
 
     def __bytes__(self) -> bytes:
         return b"".join(self.buffers())
+
+    def kv_handoff_facts(self) -> tuple[str | None, tuple[str, int] | None]:
+        """The leg's KV handoff, as
+        [`kv_handoff_facts`][pd_policy_grpc.view.kv_handoff_facts] reads it."""
+        kv = b"".join(p for e in self.entries if e.number in _KV_FIELDS for p in e.parts)
+        return kv_handoff_facts(pb.GenerateRequest.FromString(kv))
 
     def has_kv_transfer_params(self) -> bool:
         """Whether the leg carries either KV form, as

@@ -268,7 +268,7 @@ def decode_leg(plan: Plan[Any], prefill_response: Mapping[str, Any] | bytes | No
             )  # fmt: skip
         if plan.handoff.relays:
             leg = relay_kv(leg, reply.kv_transfer_params)
-    ensure_kv_handoff(plan.request, plan.form, leg)
+    ensure_kv_handoff(plan.request, plan.form, leg, plan.handoff.mode)
     if plan.rendered is not None and plan.form is DecodeForm.MROPE_METADATA:
         body = metadata_decode_body(plan.rendered, leg)
         return Leg(GENERATE, body, Derender.for_request(plan.body, plan.rendered))

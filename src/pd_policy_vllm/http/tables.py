@@ -52,6 +52,10 @@ _BODIES: Final = (
 )
 
 
+#: A complete handoff of the prefill's connector (the project's TransferConnector).
+_HANDOFF: Final = {"do_remote_prefill": True, "transfer_id": "t"}
+
+
 def _cell(outcome: dict[str, Any]) -> str:
     if outcome["status"] != 200:
         return f"{outcome['status']} `{outcome['error_code']}`"
@@ -68,11 +72,11 @@ def decision_table() -> str:
         for _, worker, renders in _WORKERS:
             case: dict[str, Any] = {
                 "route": route.value, "body": body, "workers": [worker], "mrope": mrope,
-                "prefill_kv": {"mode": "nixl"},
+                "prefill_kv": {"mode": "transfer"},
                 "prefill_response": (
-                    {"choices": [{"prompt_token_ids": _IDS}], "kv_transfer_params": {"t": 1}}
+                    {"choices": [{"prompt_token_ids": _IDS}], "kv_transfer_params": _HANDOFF}
                     if route is Route.COMPLETIONS
-                    else {"prompt_token_ids": _IDS, "kv_transfer_params": {"t": 1}}
+                    else {"prompt_token_ids": _IDS, "kv_transfer_params": _HANDOFF}
                 ),
             }  # fmt: skip
             if renders:

@@ -96,7 +96,7 @@ def chat(url: str, seed: int | None, variant: str, *, stream: bool = False) -> l
 def test_the_proxy_reads_each_worker_from_its_server(fleet: Fleet) -> None:
     assert fleet.decode_worker.capability.language_model_only
     assert fleet.decode_worker.capability.takes_mm_metadata  # a KV consumer: 0.32 allows it
-    assert fleet.prefill_worker.kv.mode is KvConnectorMode.NIXL  # the TransferConnector
+    assert fleet.prefill_worker.kv.mode is KvConnectorMode.TRANSFER  # the TransferConnector
     # As the proxy reads them at start-up: without --enable-scale-out there is no
     # metadata path, so the decode worker is served as plainly language-model-only.
     args = parser().parse_args(["--prefill", fleet.prefill, "--decode", fleet.decode])

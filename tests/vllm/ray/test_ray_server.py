@@ -69,7 +69,7 @@ class Prefill:
 def server(prefill: Prefill, capability: WorkerCapability) -> Any:
     made = PolicyDecodeServer.__new__(PolicyDecodeServer)
     made._prefill_handle = prefill
-    made.capability, made.mrope, made.kv = capability, False, PrefillKv(KvConnectorMode.NIXL)
+    made.capability, made.mrope, made.kv = capability, False, PrefillKv(KvConnectorMode.TRANSFER)
     return made
 
 

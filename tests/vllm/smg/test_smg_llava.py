@@ -123,7 +123,7 @@ def test_the_capability_agrees_with_the_servicer(fleet: Fleet) -> None:
         # The project's own connector is read as what it is: tag the prefill, relay.
         _, prefill_info = await info(fleet.prefill)
         assert prefill_info.kv_connector == "TransferConnector"
-        assert prefill_kv_from_info(prefill_info, fleet.prefill).mode is KvConnectorMode.NIXL
+        assert prefill_kv_from_info(prefill_info, fleet.prefill).mode is KvConnectorMode.TRANSFER
 
     asyncio.run(main())
 

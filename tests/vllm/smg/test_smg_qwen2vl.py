@@ -207,7 +207,7 @@ def test_a_hashes_only_leg_gets_text_positions(fleet: Fleet) -> None:
     # its hashes and decodes with text positions; the answer drifts without an error.
     async def main() -> None:
         original = request(fleet, "hashes-only", 4, logprobs=0)
-        handoff = plan_kv_handoff(PrefillKv(KvConnectorMode.NIXL), n=1)
+        handoff = plan_kv_handoff(PrefillKv(KvConnectorMode.TRANSFER), n=1)
         async with grpc.aio.insecure_channel(fleet.prefill) as channel:
             stub = pb_grpc.VllmEngineStub(channel)
             complete = (await streamed(stub.Generate(prefill_leg(original, handoff)))).complete

@@ -7,6 +7,8 @@ from typing import Any, Final
 
 from pd_policy.batch import Modality, MultimodalBatch, PlaceholderRange
 from pd_policy.codec import request_to_json, worker_to_json
+from pd_policy.connectors import KvConnectorMode
+from pd_policy.handoff_fields import REQUIRED_KV_FIELDS
 from pd_policy.request import Request
 from pd_policy.tensor import PayloadLocation, TensorDescriptor
 from pd_policy.tools.scenarios import (
@@ -30,7 +32,21 @@ WORKERS: Final = {
     "lm_only": WorkerCapability(Support.FALSE),
     "lm_only_metadata": WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE),
 }
-NIXL: Final = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": "xfer-1"}
+#: What a NIXL prefill returns, complete (the fields of ``REQUIRED_KV_FIELDS[NIXL]``).
+NIXL: Final = {
+    "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "p0",
+    "remote_block_ids": [0, 1], "remote_host": "p0.local", "remote_port": 5600,
+}  # fmt: skip
+#: A complete handoff under each contract, to drop one field from at a time.
+COMPLETE_HANDOFFS: Final[dict[KvConnectorMode, dict[str, object]]] = {
+    KvConnectorMode.NIXL: NIXL,
+    KvConnectorMode.TRANSFER: {"do_remote_prefill": True, "transfer_id": "xfer-1"},
+    KvConnectorMode.MOONCAKE: {
+        "do_remote_prefill": True, "transfer_id": "xfer-1", "remote_engine_id": "p0",
+        "remote_bootstrap_addr": "http://p0.local:8998",
+    },
+    KvConnectorMode.PASSTHROUGH: {"loaded_from": "store"},
+}  # fmt: skip
 
 #: Salts and hashes built to break naive encodings: separators, prefixes, NUL, non-ASCII.
 ADVERSARIAL: Final = ("a,b", "a", "b", ",", ":", "mm:", "mm1:", "a\x00b", "é", "日本", "x" * 300)
@@ -44,6 +60,37 @@ def grid_of(location: PayloadLocation, name: str = "image_grid_thw") -> TensorDe
     return TensorDescriptor(
         name, (1, 3), "int64", location, 0 if location is PayloadLocation.NONE else 24
     )
+
+
+def _handoff_field_cases(add: Any, lm_only: dict[str, Any]) -> None:
+    """A handoff is one only with its connector's fields: per contract, the complete one
+    serves; ``{}``, and the complete one less any required field, are the 502."""
+    image, text = req(image_request()), req(text_request())
+    for mode, complete in COMPLETE_HANDOFFS.items():
+        m = mode.value
+        for name, returned in (("complete", complete), ("empty", {})):
+            add(f"handoff/image/{name}/{m}/lm_only", f"a {name} handoff under {m}",
+                request=image, decode_worker=lm_only,
+                prefill={"mode": m, "kv_transfer_params": returned})  # fmt: skip
+        for field in REQUIRED_KV_FIELDS[mode]:
+            less = {k: v for k, v in complete.items() if k != field}
+            add(f"handoff/image/without_{field}/{m}/lm_only", f"{m} without {field}: 502",
+                request=image, decode_worker=lm_only,
+                prefill={"mode": m, "kv_transfer_params": less})  # fmt: skip
+        add(f"handoff/text/empty/{m}/lm_only", "text recomputes whatever it was handed",
+            request=text, decode_worker=lm_only,
+            prefill={"mode": m, "kv_transfer_params": {}})  # fmt: skip
+    unset = {**NIXL, "do_remote_prefill": False}
+    add("handoff/image/flag_false/nixl/lm_only", "do_remote_prefill false loads nothing: 502",
+        request=image, decode_worker=lm_only,
+        prefill={"mode": "nixl", "kv_transfer_params": unset})  # fmt: skip
+    legacy = {"remote_host": "p0", "remote_port": 7000}
+    add("handoff/image/legacy/nixl/lm_only", "NIXL finds no KV by host and port: 502",
+        request=image, decode_worker=lm_only,
+        prefill={"mode": "nixl", "kv_transfer_params_legacy": legacy})  # fmt: skip
+    add("handoff/image/nulls/passthrough/lm_only", "an object of nulls names nothing: 502",
+        request=image, decode_worker=lm_only,
+        prefill={"mode": "passthrough", "kv_transfer_params": {"a": None, "b": ""}})  # fmt: skip
 
 
 def all_cases() -> list[dict[str, Any]]:
@@ -103,11 +150,15 @@ def all_cases() -> list[dict[str, Any]]:
     )
     add(
         "handoff/image/legacy/lm_only",
-        "the legacy host/port pair counts as a handoff",
+        "the legacy host/port pair counts as a Mooncake handoff",
         request=req(image_request()),
         decode_worker=lm_only,
-        prefill={"kv_transfer_params_legacy": {"remote_host": "p0", "remote_port": 7000}},
+        prefill={
+            "mode": "mooncake",
+            "kv_transfer_params_legacy": {"remote_host": "p0", "remote_port": 7000},
+        },
     )
+    _handoff_field_cases(add, lm_only)
     add(
         "handoff/image_n2/returned/vision",
         "n>1 relays nothing",

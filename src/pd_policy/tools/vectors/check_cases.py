@@ -99,6 +99,7 @@ def check_cases(add: Callable[..., None], shapes: Mapping[str, tuple[str, Reques
     grid_request = mrope_request().derive(batches=(grid_no_cpu,))
     workers_kv: dict[str, dict[str, Any]] = {
         "nixl": {"mode": "nixl"},
+        "transfer": {"mode": "transfer"},
         "passthrough": {"mode": "passthrough"},
         "mooncake": {"mode": "mooncake", "engine_id": "p0", "bootstrap_host": "10.0.0.1"},
         "mooncake_ipv6": {"mode": "mooncake", "engine_id": "p0", "bootstrap_host": "fd00::1",
@@ -123,7 +124,8 @@ def check_cases(add: Callable[..., None], shapes: Mapping[str, tuple[str, Reques
         request=req(mrope_request()), decode_worker=metadata, prefill={})  # fmt: skip
     add("handoff/mrope/legacy/lm_only_metadata", "the legacy pair counts for a metadata leg",
         request=req(mrope_request()), decode_worker=metadata,
-        prefill={"kv_transfer_params_legacy": {"remote_host": "p", "remote_port": 1}})  # fmt: skip
+        prefill={"mode": "mooncake",
+                 "kv_transfer_params_legacy": {"remote_host": "p", "remote_port": 1}})  # fmt: skip
     base = mrope_request()
     gaps = {
         "text_input": base.derive(

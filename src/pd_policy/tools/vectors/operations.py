@@ -53,6 +53,7 @@ def _plan_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
             else LegacyKvParams(
                 _field(legacy, "remote_host", str), _field(legacy, "remote_port", int)
             ),
+            KvConnectorMode(_opt_field(spec, "mode", str) or KvConnectorMode.NIXL.value),
         )
     outcome = plan(request, worker, prefill)
     return _error(outcome.error) if outcome.error is not None else outcome.served_json()
