@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import socket
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import aiohttp.abc
@@ -42,6 +42,10 @@ from pd_policy_vllm.http.proxy import Proxy
 PUBLIC = "127.0.0.2"  # allowed by the tests' limits: it stands for an Internet host
 LIMITS = MediaLimits(allow_networks=[PUBLIC + "/32"], timeout=5)
 RULES = MediaFetchRules(max_download_bytes=1000, known=True)
+
+#: A handoff with every field NIXL needs: the proxy takes no less for a stripped leg.
+NIXL_HANDOFF: Final = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [0],
+                       "remote_host": "127.0.0.1", "remote_port": 1}  # fmt: skip
 
 
 class Answers(aiohttp.abc.AbstractResolver):
@@ -328,7 +332,7 @@ def test_through_the_proxy_the_media_host_never_gets_the_workers_key() -> None:
 
         async def prefill(request: web.Request) -> web.Response:
             legs.append(dict(request.headers))
-            return web.json_response({"prompt_token_ids": [1], "kv_transfer_params": {"t": 1}})
+            return web.json_response({"prompt_token_ids": [1], "kv_transfer_params": NIXL_HANDOFF})
 
         async def decode(request: web.Request) -> web.Response:
             return web.json_response({"choices": []})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
@@ -38,6 +38,10 @@ from pd_policy_vllm.http.tenant import request_tenant, scope_uuids
 
 UUID = "client-uuid-7f3a"
 KEYS = Keys(None, ("key-x", "key-y"))
+
+#: A handoff with every field NIXL needs: the proxy takes no less for a stripped leg.
+NIXL_HANDOFF: Final = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [0],
+                       "remote_host": "127.0.0.1", "remote_port": 1}  # fmt: skip
 
 
 def image(fill: bytes) -> str:
@@ -79,7 +83,9 @@ async def _run(
 
     async def prefill(request: web.Request) -> web.Response:
         prefills.append(await request.read())
-        return web.json_response({"prompt_token_ids": [1, 2, 3], "kv_transfer_params": {"t": 1}})
+        return web.json_response(
+            {"prompt_token_ids": [1, 2, 3], "kv_transfer_params": NIXL_HANDOFF}
+        )
 
     async def decode(request: web.Request) -> web.Response:
         decodes.append(await request.json())

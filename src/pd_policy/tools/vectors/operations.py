@@ -53,7 +53,7 @@ def _plan_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
             else LegacyKvParams(
                 _field(legacy, "remote_host", str), _field(legacy, "remote_port", int)
             ),
-            KvConnectorMode(_opt_field(spec, "mode", str) or KvConnectorMode.NIXL.value),
+            _mode(_opt_field(spec, "mode", str) or KvConnectorMode.NIXL.value, "prefill.mode"),
         )
     outcome = plan(request, worker, prefill)
     return _error(outcome.error) if outcome.error is not None else outcome.served_json()
@@ -126,15 +126,19 @@ _PREFILL_KV_KEYS: Final = frozenset(
 )
 
 
+def _mode(value: str, param: str) -> KvConnectorMode:
+    try:
+        return KvConnectorMode(value)
+    except ValueError:
+        raise MalformedRequest("an unknown connector mode", param=param) from None
+
+
 def _prefill_kv(spec: Mapping[str, Any]) -> PrefillKv:
     mode = _field(spec, "mode", str)
     unknown = sorted(set(spec) - _PREFILL_KV_KEYS - {"mode"})
     if unknown:
         raise MalformedRequest("unknown field", param=f"prefill_kv.{unknown[0]}")
-    try:
-        kind = KvConnectorMode(mode)
-    except ValueError:
-        raise MalformedRequest("an unknown connector mode", param="prefill_kv.mode") from None
+    kind = _mode(mode, "prefill_kv.mode")
     options = {k: v for k, v in spec.items() if k != "mode"}
     return PrefillKv(kind, **options)
 
