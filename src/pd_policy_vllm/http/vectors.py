@@ -30,11 +30,13 @@ from pd_policy import (
 from . import codec
 from .plan import decode_leg, plan_rendered, plan_request
 from .request import Route
+from .vector_handoffs import NIXL_RETURNED as _RETURNED
+from .vector_handoffs import handoff_cases
 
 __all__ = ["FORMAT", "VERSION", "build", "dumps", "render_answer", "run", "run_case"]
 
 FORMAT: Final = "pd-policy-http-vectors"
-VERSION: Final = 3
+VERSION: Final = 4
 #: The value an uncached item's identity is made unique with, in every case: a proxy draws
 #: one per request.
 NONCE: Final = "vector-nonce"
@@ -47,12 +49,6 @@ _WORKERS: Final = {
 }
 _IMAGE: Final = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
 _OTHER_IMAGE: Final = {"type": "image_url", "image_url": {"url": "https://media.example/b.png"}}
-#: A NIXL prefill's handoff, complete: the workers' contract in these cases is NIXL.
-_RETURNED: Final = {
-    "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "p-1",
-    "remote_block_ids": [0, 1], "remote_host": "p-1.local", "remote_port": 5600,
-}  # fmt: skip
-_TRANSFER: Final = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": "t-1"}
 
 
 def run_case(case: Mapping[str, Any]) -> dict[str, Any]:
@@ -239,18 +235,7 @@ def _cases() -> list[dict[str, Any]]:
             prefill_kv=mode,
             response={"prompt_token_ids": ids},
         )
-    # A handoff is one only with its connector's fields: {} or a NIXL handoff without its
-    # blocks is the 502 on a stripped leg, never an image-blind 200; text recomputes.
-    image, text = bodies["image"], bodies["text"]
-    for contract, label, returned, body in (
-        ("nixl", "empty", {}, image), ("nixl", "transfer_shaped", _TRANSFER, image),
-        ("nixl", "text_empty", {}, text), ("transfer", "empty", {}, image),
-        ("transfer", "complete", _TRANSFER, image),
-        ("passthrough", "empty", {}, image), ("passthrough", "any", {"x": 1}, image),
-    ):  # fmt: skip
-        add(f"chat/handoff/{contract}/{label}", f"a {label} handoff under {contract}", body,
-            prefill_kv={"mode": contract},
-            response={"prompt_token_ids": ids, "kv_transfer_params": returned})  # fmt: skip
+    handoff_cases(add, image=bodies["image"], text=bodies["text"], ids=ids)
     completions = {"model": "m", "prompt": "Once upon a time", "max_tokens": 5}
     for kind in ("lm_only", "vision"):
         add(
