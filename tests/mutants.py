@@ -89,6 +89,20 @@ MUTANTS: Final = (
         ("tests/test_handoff_fields.py",),
     ),
     Mutant(
+        "an IPv6 zone id goes into a URL unescaped",
+        "pd_policy/authority.py",
+        "return f\"[{v6.replace('%', '%25', 1)}]\"",
+        'return f"[{v6}]"',
+        ("tests/test_authority.py", "tests/http/test_http_ipv6.py"),
+    ),
+    Mutant(
+        "a bare IPv6 address is split at its last colon",
+        "pd_policy/authority.py",
+        "    elif _ipv6(text) is not None:\n        host, port_text = text, None\n",
+        "",
+        ("tests/test_authority.py", "tests/grpc/test_grpc_ipv6.py"),
+    ),
+    Mutant(
         "the salt fold drops the modality",
         "pd_policy/salt.py",
         "h.update(_MODALITY_TAG[modality] + _field(digest))",

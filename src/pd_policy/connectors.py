@@ -35,6 +35,7 @@ from typing import Final
 
 import attrs
 
+from .authority import authority
 from .errors import InvalidConfiguration
 from .fields import instance_of, redacted_repr
 from .request import LegacyKvParams, Request
@@ -188,11 +189,11 @@ class PrefillKv:
 
     @property
     def bootstrap_addr(self) -> str:
-        """``http://host:port``, an IPv6 host in brackets."""
-        host = self.bootstrap_host or ""
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return f"http://{host}:{self.bootstrap_port}"
+        """``http://host:port``, an IPv6 host in brackets and its zone as ``%25``
+        ([`authority`][pd_policy.authority.authority]). Raises
+        [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a host no URL
+        can carry."""
+        return f"http://{authority(self.bootstrap_host or '', self.bootstrap_port)}"
 
 
 @attrs.frozen(slots=True)

@@ -21,6 +21,7 @@ from pd_policy import (
     check_kv_handoff,
     connector_mode,
 )
+from pd_policy.authority import split_host_port
 
 from .view import batches_with_paths, has_mm_inputs, kv_handoff_facts
 from .wire import pb
@@ -46,12 +47,13 @@ def kv_mode_from_server_info(server_info: pb.GetServerInfoResponse) -> KvConnect
 
 
 def _host(address: str) -> str:
-    # "host:port", "[v6]:port", "dns:///host:port" or a bare host.
+    # "host:port", "[v6]:port", "dns:///host:port", gRPC's "ipv6:[v6]:port", a bare host or
+    # a bare IPv6 address (kept whole: "fe80::1" has no port).
     address = address.rpartition("///")[2]
-    if address.startswith("["):
-        return address[1 : address.index("]")]
-    host, sep, port = address.rpartition(":")
-    return host if sep and port.isdigit() and ":" not in host else address
+    for scheme in ("ipv4:", "ipv6:", "dns:"):
+        if address.startswith(scheme):
+            address = address[len(scheme) :]
+    return split_host_port(address)[0]
 
 
 def prefill_kv_from_info(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 import attrs
 
@@ -33,6 +32,7 @@ from pd_policy import (
     derive_accepts_mm_metadata,
     derive_supports_vision,
 )
+from pd_policy.authority import host_of_url, worker_url
 
 from .identity import WorkerMedia
 
@@ -46,13 +46,19 @@ __all__ = [
 
 
 def _base_url(url: str) -> str:
-    return url.rstrip("/")
+    # An address is kept whole: "fe80::1" and "[fe80::1]:8000" become http://[fe80::1]...
+    return worker_url(url)
 
 
 @attrs.frozen(slots=True)
 class HttpWorker:
     """A worker of the proxy: its base URL, its capability (a decode worker's), and how it
-    hands KV over (a prefill worker's)."""
+    hands KV over (a prefill worker's).
+
+    ``url`` is normalised by [`worker_url`][pd_policy.authority.worker_url]: an address
+    without a scheme gets ``http://``, an IPv6 address its brackets. Raises
+    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for one it cannot
+    read one way only (``http://fe80::1:8000``)."""
 
     url: str = attrs.field(converter=_base_url)
     capability: WorkerCapability = attrs.field(factory=WorkerCapability)
@@ -142,7 +148,7 @@ def prefill_kv_from_config(
     return PrefillKv(
         mode or connector_mode(str(connector)),
         engine_id=kv.get("engine_id") or None,
-        bootstrap_host=urlsplit(url).hostname,
+        bootstrap_host=host_of_url(url),
         dp_size=max(int(parallel.get("data_parallel_size") or 1), 1),
         **options,
     )

@@ -34,6 +34,14 @@ from .reading import field as _field
 from .reading import opt_field as _opt_field
 
 
+def _prefill_mode(spec: Mapping[str, Any]) -> KvConnectorMode:
+    mode = _opt_field(spec, "mode", str)
+    try:
+        return KvConnectorMode(mode if mode is not None else KvConnectorMode.NIXL.value)
+    except ValueError:
+        raise MalformedRequest("an unknown connector mode", param="prefill.mode") from None
+
+
 def _plan_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
     raw_request, raw_worker = _field(case, "request", dict), _field(case, "decode_worker", dict)
     try:
@@ -53,7 +61,7 @@ def _plan_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
             else LegacyKvParams(
                 _field(legacy, "remote_host", str), _field(legacy, "remote_port", int)
             ),
-            _mode(_opt_field(spec, "mode", str) or KvConnectorMode.NIXL.value, "prefill.mode"),
+            _prefill_mode(spec),
         )
     outcome = plan(request, worker, prefill)
     return _error(outcome.error) if outcome.error is not None else outcome.served_json()

@@ -46,7 +46,7 @@ def _name(url: object) -> str:
     # that would write more than a name into the line (a line break, say) is not written.
     try:
         name = member_name(url) if isinstance(url, str) else "-"
-    except ValueError:
+    except (ValueError, InvalidConfiguration):  # a URL no worker could be at
         return "-"
     return name if name.isascii() and name.isprintable() else "-"
 
@@ -118,7 +118,7 @@ def add_admin_routes(app: web.Application, proxy: Proxy) -> None:
             member = proxy.fleet.find(body["url"])
             if member is None:
                 raise MalformedRequest("no member at that URL", param="url")
-        except PolicyError as exc:
+        except (PolicyError, InvalidConfiguration) as exc:
             _log(who, "drain", None, (body or {}).get("url"), exc.code)
             return error_response(exc)
         proxy.fleet.drain(member)

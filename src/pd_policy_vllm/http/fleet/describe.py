@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 import attrs
 
@@ -29,6 +28,7 @@ from pd_policy import (
     Support,
     WorkerCapability,
 )
+from pd_policy.authority import host_of_url, worker_url
 from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.auth import for_url
 from pd_policy_vllm.http.identity import WorkerMedia
@@ -91,8 +91,8 @@ async def _serves(
 
 
 def _host(url: str) -> str | None:
-    # urlsplit keeps an IPv6 literal whole ("::1" of "http://[::1]:8000").
-    return urlsplit(url).hostname
+    # Whole, and bare: "fe80::1%eth0" of "http://[fe80::1%25eth0]:8000".
+    return host_of_url(url)
 
 
 async def describe(
@@ -110,8 +110,11 @@ async def describe(
     the derender route. Raises ``aiohttp.ClientError`` for a worker that cannot be
     reached, and [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for
     one this library cannot serve: a prefill whose KV connector neither it nor the
-    operator names, settings of the wrong type.
+    operator names, settings of the wrong type, an address
+    [`worker_url`][pd_policy.authority.worker_url] cannot read one way only (a bare
+    ``fe80::1`` or ``[fe80::1]:8000`` is read whole, as ``http://[fe80::1]...``).
     """
+    url = worker_url(url)
     headers = dict(headers or {})
     info = await server_info(session, url, headers)
     route = DERENDER if role == "decode" else RENDER

@@ -19,9 +19,11 @@ from pd_policy import (
     Health,
     HealthPolicy,
     HealthState,
+    InvalidConfiguration,
     Roster,
     RosterMember,
 )
+from pd_policy.authority import authority, host_of_url, worker_url
 from pd_policy_vllm.http.workers import HttpWorker
 
 __all__ = ["ROLES", "Fleet", "Member", "member_name"]
@@ -31,14 +33,14 @@ Member: TypeAlias = RosterMember[HttpWorker]
 
 
 def member_name(url: str) -> str:
-    """``scheme://host:port`` of ``url``: no credentials, no path (an IPv6 host in
-    brackets)."""
+    """``scheme://host:port`` of ``url`` (a worker address, read as
+    [`worker_url`][pd_policy.authority.worker_url] reads it): no credentials, no path, an
+    IPv6 host in brackets. Raises
+    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] as ``worker_url``
+    does."""
+    url = worker_url(url)
     parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port is not None else ""
-    return f"{parts.scheme}://{host}{port}"
+    return f"{parts.scheme}://{authority(host_of_url(url), parts.port)}"
 
 
 class Fleet(Roster[HttpWorker]):
@@ -58,8 +60,12 @@ class Fleet(Roster[HttpWorker]):
                          on_change=on_change)  # fmt: skip
 
     def find(self, url: str) -> Member | None:
-        """The member at ``url`` (any URL of its host and port), if any."""
-        return self.named(member_name(url))
+        """The member at ``url`` (any URL of its host and port), if any: none for an
+        address no worker could have."""
+        try:
+            return self.named(member_name(url))
+        except InvalidConfiguration:
+            return None
 
     def add(self, role: str, worker: HttpWorker, *, healthy: bool = False) -> Member:
         """Add ``worker`` as a ``role`` member (replacing one at its address), starting

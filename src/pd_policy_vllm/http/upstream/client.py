@@ -29,6 +29,9 @@ from types import TracebackType
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
+from pd_policy import InvalidConfiguration
+from pd_policy.authority import split_host_port, url_host
+
 from .connection import Connection, Head
 from .errors import UpstreamDisconnected, UpstreamUnreachable
 from .limits import DEFAULT_LIMITS, Limits
@@ -55,10 +58,14 @@ class _Target:
             # another worker, and the message does not quote the URL (it may hold a key).
             raise UpstreamUnreachable("a worker URL is http:// or https:// with a host")
         self.tls = parts.scheme == "https"
-        self.host = parts.hostname
-        self.port = parts.port or (443 if self.tls else 80)
+        try:
+            # The socket's host: an IPv6 address bare, its zone as "%eth0", not "%25eth0".
+            self.host, port = split_host_port(parts.netloc.rpartition("@")[2])
+        except InvalidConfiguration:
+            raise UpstreamUnreachable("a worker URL's host and port are unreadable") from None
+        self.port = port or (443 if self.tls else 80)
         self.origin = (parts.scheme, self.host, self.port)
-        name = f"[{self.host}]" if ":" in self.host else self.host
+        name = url_host(self.host)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self.prefix = f"POST {path} HTTP/1.1\r\nHost: {name}:{self.port}\r\n".encode()
         self.authorization: str | None = None
