@@ -20,9 +20,12 @@ from aiohttp import web
 from http_fleets import HttpFleet
 from http_peers import InProcessProxy, ThreadedSite, data_url, http_json
 
-from pd_policy import EncoderCacheRole, Support, WorkerCapability
+from pd_policy import EncoderCacheRole, KvConnectorMode, PrefillKv, Support, WorkerCapability
 from pd_policy_vllm.http import HttpWorker
 from pd_policy_vllm.http.proxy import Proxy
+
+#: The live servers hand KV over with pd-policy's TransferConnector.
+TRANSFER_KV = PrefillKv(KvConnectorMode.TRANSFER)
 
 __all__ = ["EncoderStandIn", "EpdFleet", "answer", "chat_body", "epd_fleet"]
 
@@ -73,7 +76,12 @@ def epd_fleet(servers: HttpFleet, *, mrope: bool) -> Iterator[EpdFleet]:
     consumer, producer = EncoderCacheRole.CONSUMER, EncoderCacheRole.PRODUCER
     capability = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.from_bool(mrope))
     workers = (
-        HttpWorker(servers.epd_prefill, WorkerCapability(encoder_cache=consumer), renders=True),
+        HttpWorker(
+            servers.epd_prefill,
+            WorkerCapability(encoder_cache=consumer),
+            renders=True,
+            kv=TRANSFER_KV,
+        ),
         HttpWorker(servers.decode, capability, renders=servers.scale_out),
         HttpWorker(servers.encoder, WorkerCapability(encoder_cache=producer), renders=True),
     )

@@ -25,12 +25,15 @@ from http_peers import InProcessProxy, data_url, http_json, proxy, running_reque
 from qwen_prompts import _WORDS, A, B
 from servers import running
 
-from pd_policy import Support, WorkerCapability
+from pd_policy import KvConnectorMode, PrefillKv, Support, WorkerCapability
 from pd_policy_vllm.http import HttpWorker
 from pd_policy_vllm.http.cli import read_workers
 from pd_policy_vllm.http.flags import parser
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.http.scale_out import DERENDER, GENERATE, RENDER
+
+#: The live servers hand KV over with pd-policy's TransferConnector.
+TRANSFER_KV = PrefillKv(KvConnectorMode.TRANSFER)
 
 QWEN_LIMITS = {"image": 1, "video": 0}
 IMAGES = {"A": A, "B": B}
@@ -55,7 +58,7 @@ def qwen_fleet(qwen_http: HttpFleet) -> Iterator[QwenFleet]:
 def qwen_recording(qwen_fleet: QwenFleet) -> Iterator[InProcessProxy]:
     metadata = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE)
     live = Proxy(
-        HttpWorker(qwen_fleet.prefill, renders=True),
+        HttpWorker(qwen_fleet.prefill, renders=True, kv=TRANSFER_KV),
         [HttpWorker(qwen_fleet.decode, metadata, renders=True)],
         mrope=True,
     )
@@ -187,7 +190,7 @@ def test_without_scale_out_on_the_prefill_an_m_rope_image_is_refused_before_any_
 ) -> None:
     metadata = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE)
     live = Proxy(
-        HttpWorker(qwen_fleet.prefill, renders=False),
+        HttpWorker(qwen_fleet.prefill, renders=False, kv=TRANSFER_KV),
         [HttpWorker(qwen_fleet.decode, metadata, renders=True)],
         mrope=True,
     )

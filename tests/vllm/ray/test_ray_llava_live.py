@@ -160,7 +160,7 @@ def test_a_wrong_typed_salt_is_a_400_that_does_not_quote_it(ray_pd: RayFleet) ->
 def test_the_replicas_read_themselves_as_language_model_only(ray_pd: RayFleet) -> None:
     lines = ray_pd.capability_lines()
     assert len(lines) == 2, lines
-    assert all("supports_vision=FALSE" in line and "kv=NIXL" in line for line in lines.values())
+    assert all("supports_vision=FALSE" in line and "kv=TRANSFER" in line for line in lines.values())
 
 
 def test_a_media_reference_the_worker_would_not_read_is_a_typed_400(ray_pd: RayFleet) -> None:

@@ -101,13 +101,13 @@ LM_ONLY = WorkerCapability(Support.FALSE)
 
 
 def test_lm_only_decode_gets_the_stripped_leg(decoded: list[Any]) -> None:
-    prefill = Prefill(answer({"transfer_id": "t"}))
+    prefill = Prefill(answer({"do_remote_prefill": True, "transfer_id": "t"}))
     assert run(server(prefill, LM_ONLY), request()) == ["ok"]
     (sent,) = prefill.sent
     assert sent.max_tokens == 1 and sent.return_token_ids and sent.messages[0]["content"][1]
     (leg,) = decoded
     assert [p["type"] for p in leg.messages[0]["content"]] == ["text"]
-    assert leg.kv_transfer_params == {"transfer_id": "t", "prompt_token_ids": IDS}
+    assert leg.kv_transfer_params == {"do_remote_prefill": True, "transfer_id": "t", "prompt_token_ids": IDS}
     assert leg.cache_salt.startswith("mm1:")
 
 
@@ -147,7 +147,7 @@ def test_text_with_n_above_one_decodes_alone(decoded: list[Any]) -> None:
 # The M-RoPE metadata path: the prefill deployment renders and prefills (unary calls), the
 # replica's own engine generates token-in and derenders.
 TAKES_METADATA = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE)
-RELAYED = {"transfer_id": "t"}
+RELAYED = {"do_remote_prefill": True, "transfer_id": "t"}
 RENDERED: dict[str, Any] = {
     "request_id": "r", "token_ids": IDS, "model": "qwen2vl", "stream": False,
     "sampling_params": {"max_tokens": 4, "n": 1}, "cache_salt": None,
