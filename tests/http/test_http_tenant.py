@@ -16,6 +16,7 @@ import json
 from typing import Any, Final
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from pd_policy import (
@@ -244,3 +245,24 @@ def test_uuids_are_scoped_unless_the_operator_trusts_them() -> None:
     assert client_uuids(parser().parse_args(argv)) is ClientUuids.SCOPED
     trusted = parser().parse_args([*argv, "--trust-client-uuids"])
     assert client_uuids(trusted) is ClientUuids.TRUSTED
+
+
+def test_a_body_with_no_uuid_costs_no_tenant_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Most bodies have no uuid: the tenant's digests are not the hot path's to pay.
+    from pd_policy_vllm.http import tenant as module
+
+    made: list[object] = []
+
+    def counted(*args: object, **kwargs: object) -> Tenant:
+        made.append(args)
+        return X
+
+    monkeypatch.setattr(module, "request_tenant", counted)
+    plain = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    assert module.scoped_body(plain, b"{}", "Bearer key-x", KEYS, ClientUuids.SCOPED) == (
+        plain, b"{}")  # fmt: skip
+    assert made == []
+    part = {"type": "image_url", "image_url": {"url": "data:,"}, "uuid": "u"}
+    named = {"messages": [{"role": "user", "content": [part, part]}]}
+    _, raw = module.scoped_body(named, b"{}", "Bearer key-x", KEYS, ClientUuids.SCOPED)
+    assert raw is None and len(made) == 1  # once for the body, however many uuids

@@ -24,8 +24,8 @@ import attrs
 
 from pd_policy import InvalidConfiguration
 
-__all__ = ["ADMIN_KEYS_ENV", "CLIENT_KEYS_ENV", "WORKER_KEY_ENV", "Keys", "for_url", "key_id",
-           "read_keys"]  # fmt: skip
+__all__ = ["ADMIN_KEYS_ENV", "CLIENT_KEYS_ENV", "WORKER_KEY_ENV", "Keys", "bearer", "for_url",
+           "key_id", "read_keys"]  # fmt: skip
 
 #: The environment variable the workers' key is read from.
 WORKER_KEY_ENV: Final = "PD_POLICY_WORKER_API_KEY"
@@ -46,12 +46,21 @@ def key_id(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
+def bearer(authorization: str | None) -> str | None:
+    """The key an ``Authorization: Bearer`` header presents; ``None`` for another scheme
+    or no header."""
+    if not authorization or authorization[: len(_BEARER)].lower() != _BEARER:
+        return None
+    return authorization[len(_BEARER) :].strip()
+
+
 def _matching(authorization: str | None, keys: Sequence[str]) -> str | None:
     # Every key is compared, each in constant time, with no early exit: the time taken
     # says nothing about which key, or how much of one, matched.
-    if not authorization or authorization[: len(_BEARER)].lower() != _BEARER:
+    presented = bearer(authorization)
+    if presented is None:
         return None
-    given = authorization[len(_BEARER) :].strip().encode("utf-8", "surrogatepass")
+    given = presented.encode("utf-8", "surrogatepass")
     found = None
     for key in keys:
         if hmac.compare_digest(given, key.encode("utf-8", "surrogatepass")):

@@ -9,16 +9,16 @@ the prefill, render and decode legs), so no leg can carry a uuid as the client s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from pd_policy import ClientUuids, Tenant, forwarded_uuid
 
-from .auth import Keys
+from .auth import Keys, bearer
 
 __all__ = ["request_tenant", "scope_uuids", "scoped_body"]
 
-_BEARER: Final = "bearer "
 #: The members of a body whose items hold content parts: chat's and the Responses API's.
 _ITEMS: Final = ("messages", "input")
 
@@ -29,13 +29,13 @@ def request_tenant(body: Mapping[str, Any], authorization: str | None, *, keyed:
     the proxy checks keys (``keyed``: the key is then one the proxy admitted; a proxy that
     takes any client takes any bearer too, which names no one)."""
     salt = body.get("cache_salt")
-    key = None
-    if keyed and authorization and authorization[: len(_BEARER)].lower() == _BEARER:
-        key = authorization[len(_BEARER) :].strip()
+    key = bearer(authorization) if keyed else None
     return Tenant.of(cache_salt=salt if isinstance(salt, str) else None, api_key=key)
 
 
-def _scoped_content(content: list[Any], tenant: Tenant, mode: ClientUuids) -> list[Any] | None:
+def _scoped_content(
+    content: list[Any], tenant: Callable[[], Tenant], mode: ClientUuids
+) -> list[Any] | None:
     out: list[Any] | None = None
     for index, part in enumerate(content):
         if not isinstance(part, dict) or part.get("uuid") is None:
@@ -43,11 +43,13 @@ def _scoped_content(content: list[Any], tenant: Tenant, mode: ClientUuids) -> li
         if out is None:
             out = list(content)
         # vLLM reads a uuid with str(); every part's, whatever its type: none is passed on.
-        out[index] = {**part, "uuid": forwarded_uuid(str(part["uuid"]), tenant, mode)}
+        out[index] = {**part, "uuid": forwarded_uuid(str(part["uuid"]), tenant(), mode)}
     return out
 
 
-def _scoped_items(items: list[Any], tenant: Tenant, mode: ClientUuids) -> list[Any] | None:
+def _scoped_items(
+    items: list[Any], tenant: Callable[[], Tenant], mode: ClientUuids
+) -> list[Any] | None:
     out: list[Any] | None = None
     for index, item in enumerate(items):
         content = item.get("content") if isinstance(item, dict) else None
@@ -60,19 +62,24 @@ def _scoped_items(items: list[Any], tenant: Tenant, mode: ClientUuids) -> list[A
     return out
 
 
-def scope_uuids(body: Any, tenant: Tenant, mode: ClientUuids = ClientUuids.SCOPED) -> Any:
+def scope_uuids(
+    body: Any, tenant: Tenant | Callable[[], Tenant], mode: ClientUuids = ClientUuids.SCOPED
+) -> Any:
     """``body`` with the ``uuid`` of every content part of its ``messages`` (a chat body)
     and of its ``input`` items (a Responses body, whose own request is a decode leg)
     replaced by [`forwarded_uuid`][pd_policy.uuid_scope.forwarded_uuid] for ``tenant``:
     a new body sharing every other value (``body`` is not changed), or ``body`` itself
     when no part has a uuid or ``mode`` trusts them. A body of another shape is returned
-    as it is: the plan refuses it."""
+    as it is: the plan refuses it. ``tenant`` may be a function giving it, called only
+    when a part has a uuid."""
     if mode is ClientUuids.TRUSTED or not isinstance(body, dict):
         return body
+    given = tenant
+    get: Callable[[], Tenant] = (lambda: given) if isinstance(given, Tenant) else given
     out = body
     for field in _ITEMS:
         items = body.get(field)
-        scoped = _scoped_items(items, tenant, mode) if isinstance(items, list) else None
+        scoped = _scoped_items(items, get, mode) if isinstance(items, list) else None
         if scoped is not None:
             out = {**out, field: scoped}
     return out
@@ -89,6 +96,7 @@ def scoped_body(
     (a completions body, one that is not an object) is returned as it is, with ``raw``."""
     if not isinstance(body, dict) or mode is ClientUuids.TRUSTED:
         return body, raw
-    tenant = request_tenant(body, authorization, keyed=bool(keys.clients))
+    # The tenant's digests only for a body that has a uuid: most have none.
+    tenant = functools.cache(lambda: request_tenant(body, authorization, keyed=bool(keys.clients)))
     scoped = scope_uuids(body, tenant, mode)
     return (body, raw) if scoped is body else (scoped, None)

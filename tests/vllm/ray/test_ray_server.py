@@ -107,7 +107,11 @@ def test_lm_only_decode_gets_the_stripped_leg(decoded: list[Any]) -> None:
     assert sent.max_tokens == 1 and sent.return_token_ids and sent.messages[0]["content"][1]
     (leg,) = decoded
     assert [p["type"] for p in leg.messages[0]["content"]] == ["text"]
-    assert leg.kv_transfer_params == {"do_remote_prefill": True, "transfer_id": "t", "prompt_token_ids": IDS}
+    assert leg.kv_transfer_params == {
+        "do_remote_prefill": True,
+        "transfer_id": "t",
+        "prompt_token_ids": IDS,
+    }
     assert leg.cache_salt.startswith("mm1:")
 
 
