@@ -28,7 +28,7 @@ from .capability import (
     derive_supports_vision,
 )
 from .catalog import ERROR_CATALOG, CatalogEntry
-from .client_errors import BodyTooLarge, ClientTooSlow
+from .client_errors import BodyTooLarge, ClientTooSlow, RequestTimedOut
 from .codec import request_from_json, request_to_json, worker_from_json, worker_to_json
 from .connectors import (
     CONNECTOR_MODES,
@@ -80,6 +80,8 @@ from .errors import (
     PolicyError,
     Unauthorized,
 )
+from .exchange import Exchange
+from .exchange_states import ExchangeError, Phase
 from .handoff import check_kv_handoff, ensure_kv_handoff, relay_kv
 from .handoff_fields import KV_FLAG_FIELDS, REQUIRED_KV_FIELDS, missing_kv_fields
 from .health import (
@@ -102,7 +104,6 @@ from .legs import (
     identity_only,
     metadata_only,
 )
-from .lifecycle import LifecycleError, RequestLife, Stage, begin, done, fail, responding
 from .media_errors import MediaFetchFailed, MediaRefused, MediaUnreachable, MissingMediaIdentity
 from .media_identity import (
     IDENTITY_PREFIX,
@@ -116,6 +117,7 @@ from .media_rules import DEFAULT_FETCH_TIMEOUTS, MediaFetchRules, check_media_ur
 from .mrope import MROPE_GRID_KEYS, grids_kept_on_cpu, has_mrope_grids, mrope_metadata_gap
 from .placement import Placement, media_affinity, place
 from .prefill import prefill_batch, prefill_leg
+from .probing import Prober, ProbeTimes
 from .request import LegacyKvParams, MediaRef, Request
 from .roster import ROLES, Roster
 from .roster import Member as RosterMember
@@ -177,6 +179,8 @@ __all__ = [
     "EncoderCacheRole",
     "EncoderOutput",
     "EngineFacts",
+    "Exchange",
+    "ExchangeError",
     "Forbidden",
     "HashFactors",
     "Health",
@@ -187,7 +191,6 @@ __all__ = [
     "KvConnectorMode",
     "KvHandoff",
     "LegacyKvParams",
-    "LifecycleError",
     "MalformedRequest",
     "MediaFetchFailed",
     "MediaFetchRules",
@@ -209,16 +212,18 @@ __all__ = [
     "NoDecodeWorkerAvailable",
     "NoWorkerAvailable",
     "PayloadLocation",
+    "Phase",
     "PlaceholderRange",
     "Placement",
     "PolicyError",
     "PrefillForm",
     "PrefillKv",
+    "ProbeTimes",
+    "Prober",
     "Request",
-    "RequestLife",
+    "RequestTimedOut",
     "Roster",
     "RosterMember",
-    "Stage",
     "Support",
     "Tenant",
     "TensorDescriptor",
@@ -230,7 +235,6 @@ __all__ = [
     "WorkerStreamError",
     "advertise_media_processor",
     "apply_kv_handoff",
-    "begin",
     "build_decode_leg",
     "check_kv_handoff",
     "check_media_url",
@@ -242,7 +246,6 @@ __all__ = [
     "decode_leg",
     "derive_accepts_mm_metadata",
     "derive_supports_vision",
-    "done",
     "drain",
     "eject",
     "encode_leg",
@@ -252,7 +255,6 @@ __all__ = [
     "ensure_kv_handoff",
     "ensure_language_model_only_leg",
     "ensure_model_accepts_media",
-    "fail",
     "fold_cache_salt",
     "fold_salt",
     "forwarded_uuid",
@@ -281,7 +283,6 @@ __all__ = [
     "rendezvous_order",
     "request_from_json",
     "request_to_json",
-    "responding",
     "routable",
     "select_decode_workers",
     "select_encoder_workers",

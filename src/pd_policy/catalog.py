@@ -10,7 +10,7 @@ from typing import Final
 
 import attrs
 
-from .client_errors import BodyTooLarge, ClientTooSlow
+from .client_errors import BodyTooLarge, ClientTooSlow, RequestTimedOut
 from .errors import (
     Forbidden,
     InvalidConfiguration,
@@ -58,6 +58,7 @@ _POLICY_ERRORS: Final = (
     MalformedRequest,
     BodyTooLarge,
     ClientTooSlow,
+    RequestTimedOut,
     NoDecodeWorkerAvailable,
     Unauthorized,
     Forbidden,

@@ -1,15 +1,15 @@
-"""The refusals of a client's own connection at the front door: a body past the size cap,
-and a client too slow to send its request.
+"""The limits on a client's request: a body past the size cap and a client too slow to send
+its request, refused at the front door, and a request that outlives its deadline.
 
-Both are decided before the request is read as JSON, so no worker is ever called, and
-neither names more of the request than its size limit: the body is never echoed.
+The first two are decided before the request is read as JSON, so no worker is ever called.
+None names more of the request than its limit: the body is never echoed.
 """
 
 from __future__ import annotations
 
 from .errors import PolicyError
 
-__all__ = ["BodyTooLarge", "ClientTooSlow"]
+__all__ = ["BodyTooLarge", "ClientTooSlow", "RequestTimedOut"]
 
 
 class BodyTooLarge(PolicyError):
@@ -36,3 +36,16 @@ class ClientTooSlow(PolicyError):
         "and closes the connection; no worker is called."
     )
     default_message = "the request body did not arrive in time"
+
+
+class RequestTimedOut(PolicyError):
+    """The request was not answered within the router's deadline for it."""
+
+    code = "pd_request_timeout"
+    status = 504
+    meaning = (
+        "The request was not answered within the router's deadline for a whole request "
+        "(its legs and every retry). The legs in flight are abandoned; no worker is blamed. "
+        "The same request would take as long again, so a gateway does not retry it."
+    )
+    default_message = "the request was not answered within the router's deadline"

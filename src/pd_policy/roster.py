@@ -102,6 +102,14 @@ class Roster(Generic[W]):
         self.generation += 1
         return member
 
+    def add(self, role: str, name: str, worker: W, *, healthy: bool = True) -> Member[W]:
+        """A ``role`` member called ``name`` joins (replacing one of its name): in service at
+        once when ``healthy`` (the adapter has just read its description from the worker
+        itself, which is a passed probe), else starting until a probe passes. Raises
+        ``ValueError`` for a role outside [`ROLES`][pd_policy.roster.ROLES]."""
+        health = HealthState(Health.HEALTHY) if healthy else HealthState()
+        return self.join(Member(role, name, worker, health))
+
     def remove(self, member: Member[W]) -> None:
         """Forget ``member`` (its in-flight requests finish on their own)."""
         if member in self._members:
