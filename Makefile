@@ -98,8 +98,9 @@ docs-tables: $(VENV)/.core
 	$(VENV)/bin/pd-policy tables decisions --write docs/decisions.md
 	$(VENV)/bin/pd-policy tables errors --write docs/errors.md
 	$(VENV)/bin/pd-policy tables connectors --write docs/grpc.md
-	$(PY) -m pd_policy_vllm.http.tables --write docs/http.md
-	$(PY) -m pd_policy_vllm.http.identity_table --write docs/index.md
+	$(VENV)/bin/pd-policy tables exchange --write docs/architecture.md
+	$(PY) -m pd_policy_vllm.openai.tools.tables --write docs/http.md
+	$(PY) -m pd_policy_vllm.openai.tools.identity_table --write docs/index.md
 
 clean:
 	rm -rf $(VENV) $(SMG_VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis
@@ -138,4 +139,4 @@ mutants: $(VENV)/.test
 # Regenerate the committed conformance vectors (a test fails until they are current).
 vectors: $(VENV)/.test
 	$(VENV)/bin/pd-policy vectors tests/vectors/pd-policy-vectors.json
-	$(PY) -m pd_policy_vllm.http.vectors write tests/vectors/pd-policy-http-vectors.json
+	$(PY) -m pd_policy_vllm.openai.tools.vectors write tests/vectors/pd-policy-http-vectors.json

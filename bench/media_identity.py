@@ -30,11 +30,11 @@ from measuring import median_seconds
 
 from pd_policy import MediaFetchRules
 from pd_policy.tools.tables import splice
-from pd_policy_vllm.http.codec import loads
-from pd_policy_vllm.http.identity import WorkerMedia, part_identities
-from pd_policy_vllm.http.media import media_parts
-from pd_policy_vllm.http.media_guard import MediaLimits, media_session
-from pd_policy_vllm.http.pin import pin_remote_media
+from pd_policy_vllm.http.media.fetch import pin_remote_media
+from pd_policy_vllm.http.media.guard import MediaLimits, media_session
+from pd_policy_vllm.openai.media.identity import WorkerMedia, part_identities
+from pd_policy_vllm.openai.media.parts import media_parts
+from pd_policy_vllm.openai.wire.codec import loads
 
 SIZES = {"100 KiB": 100 * 1024, "4 MiB": 4 * 2**20}
 

@@ -41,7 +41,7 @@ def main() -> int:
     from router_side import image
     from tiny_models import build_llava, build_qwen2vl
 
-    from pd_policy_vllm.http.scale_out import GENERATE
+    from pd_policy_vllm.openai.plan.scale_out import GENERATE
 
     work = Path(tempfile.mkdtemp(prefix="pd-policy-epd-demo-"))
     qwen_words = " ".join(_WORDS[(i * 7) % len(_WORDS)] for i in range(66))

@@ -74,7 +74,7 @@ def qwen_rows(work: Path) -> list[Row]:
     from qwen_prompts import _WORDS, A, B
     from tiny_models import build_qwen2vl
 
-    from pd_policy_vllm.http.media_guard import MediaLimits
+    from pd_policy_vllm.http.media.guard import MediaLimits
     from pd_policy_vllm.http.proxy import Proxy
 
     words = " ".join(_WORDS[(i * 7) % len(_WORDS)] for i in range(40))
@@ -130,7 +130,7 @@ def audio_rows(work: Path) -> list[Row]:
     from media_clips import audio_clip, data_url_of, input_audio
     from tiny_audio import build_qwen2audio
 
-    from pd_policy_vllm.http.media_guard import MediaLimits
+    from pd_policy_vllm.http.media.guard import MediaLimits
     from pd_policy_vllm.http.proxy import Proxy
 
     model = build_qwen2audio(work / "qwen2audio")

@@ -50,7 +50,7 @@ from pd_policy.exchange_states import LEG_OF, TRANSITIONS, Phase
 Member = RosterMember[str]
 
 #: A handoff that names its transfer, by contract.
-COMPLETE: Final = {
+COMPLETE: Final[dict[KvConnectorMode, dict[str, Any]]] = {
     KvConnectorMode.NIXL: {
         "do_remote_prefill": True,
         "remote_engine_id": "e",

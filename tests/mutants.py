@@ -31,11 +31,98 @@ class Mutant(NamedTuple):
 
 
 PROPERTIES: Final = ("tests/test_properties.py", "tests/test_rules.py")
+_EXCHANGE: Final = ("tests/test_exchange_properties.py", "tests/test_exchange_reach.py")
 _HOSTILE: Final = (
     "tests/http/test_http_upstream_hostile.py",
     "tests/http/test_http_hostile_worker.py",
 )
 MUTANTS: Final = (
+    Mutant(
+        "the exchange retries after the client has seen a byte",
+        "pd_policy/exchange.py",
+        "if error.retryable and not self.seen and self.attempt < self.attempts:",
+        "if error.retryable and self.attempt < self.attempts:",
+        _EXCHANGE,
+    ),
+    Mutant(
+        "the exchange sends the decode without checking the handoff",
+        "pd_policy/exchange.py",
+        "        except MissingKvTransferParams as exc:\n"
+        "            return self._fail(exc, None, None)\n",
+        "        except MissingKvTransferParams:\n            pass\n",
+        _EXCHANGE,
+    ),
+    Mutant(
+        "the exchange blames the prefill for any leg",
+        "pd_policy/exchange.py",
+        "return self._fail(event.error, self._member(event.leg), event.leg)",
+        "return self._fail(event.error, self._member(Leg.PREFILL), event.leg)",
+        _EXCHANGE,
+    ),
+    Mutant(
+        "the exchange makes one attempt more than its budget",
+        "pd_policy/exchange.py",
+        "self.attempt < self.attempts:",
+        "self.attempt <= self.attempts:",
+        _EXCHANGE,
+    ),
+    Mutant(
+        "the exchange holds a worker's 4xx against its health",
+        "pd_policy/exchange.py",
+        "error.status >= 500",
+        "error.status >= 400",
+        _EXCHANGE,
+    ),
+    Mutant(
+        "the exchange renders on the prefill in E/P/D",
+        "pd_policy/exchange.py",
+        "if (leg is Leg.RENDER and self._encodes) or leg is Leg.ENCODE:",
+        "if leg is Leg.ENCODE:",
+        _EXCHANGE,
+    ),
+    Mutant(
+        "the exchange keeps a failed attempt's load held",
+        "pd_policy/exchange.py",
+        "            actions = self._release() + actions\n",
+        "            self.placement = None\n",
+        _EXCHANGE,
+    ),
+    Mutant(
+        "the exchange tries a failed member again",
+        "pd_policy/exchange.py",
+        "                self.excluded += (blamed.name,)\n",
+        "                pass\n",
+        _EXCHANGE,
+    ),
+    Mutant(
+        "the exchange answers a 503 for the fleet instead of the failure that made it try",
+        "pd_policy/exchange.py",
+        "                exc = after  # no other worker to try: the failure that made it try\n",
+        "                pass\n",
+        _EXCHANGE,
+    ),
+    Mutant(
+        "the exchange retries a refusal",
+        "pd_policy/exchange.py",
+        "if error.retryable and not self.seen",
+        "if not self.seen",
+        _EXCHANGE,
+    ),
+    Mutant(
+        "the proxy never tells its exchange of the first byte",
+        "pd_policy_vllm/http/driver.py",
+        "DecodeRelay(self.request, lambda: exchange.handle(FirstByte()))",
+        "DecodeRelay(self.request, lambda: None)",
+        ("tests/http/test_http_proxy_faults.py", "tests/http/test_http_fleet.py"),
+    ),
+    Mutant(
+        "the gRPC routers never tell their exchange of the first response",
+        "pd_policy_grpc/driver.py",
+        "                            if not exchange.seen:\n"
+        "                                exchange.handle(FirstByte())\n",
+        "",
+        ("tests/grpc/test_grpc_fleet.py",),
+    ),
     Mutant(
         "carve-outs swapped: media references before M-RoPE grids",
         "pd_policy/decision.py",
@@ -196,7 +283,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "E/P/D's metadata prefill leg keeps the pixels",
-        "pd_policy_vllm/http/encode.py",
+        "pd_policy_vllm/openai/plan/encode.py",
         '        features.pop("kwargs_data", None)',
         "        pass",
         ("tests/http/test_http_epd.py",),
@@ -248,7 +335,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "client uuids: the prefill leg is spliced from the client's bytes",
-        "pd_policy_vllm/http/tenant.py",
+        "pd_policy_vllm/openai/media/tenant.py",
         "    return (body, raw) if scoped is body else (scoped, None)",
         "    return scoped, raw",
         ("tests/http/test_http_tenant.py",),
@@ -262,7 +349,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "media identity: a remote URL is named by its text (the incident)",
-        "pd_policy_vllm/http/identity.py",
+        "pd_policy_vllm/openai/media/identity.py",
         '            value = f"{nonce}/{index}"',
         "            value = str(part.url)",
         ("tests/http/test_http_media_identity.py", "tests/http/test_http_proxy_media.py"),
@@ -292,21 +379,21 @@ MUTANTS: Final = (
     ),
     Mutant(
         "the stripped HTTP leg keeps the request's processing options",
-        "pd_policy_vllm/http/legs.py",
+        "pd_policy_vllm/openai/plan/legs.py",
         "    for option in _MEDIA_OPTIONS:\n        out.pop(option, None)",
         "    pass",
         ("tests/http/test_http_media_identity.py",),
     ),
     Mutant(
         "an uncached URL on a vision decode keeps the caller's salt",
-        "pd_policy_vllm/http/legs.py",
+        "pd_policy_vllm/openai/plan/legs.py",
         "        if uncached and leg.relays_kv and leg.has_mm_inputs:",
         "        if False:",
         ("tests/http/test_http_media_identity.py",),
     ),
     Mutant(
         "a fetch follows a redirect to a host the worker does not allow",
-        "pd_policy_vllm/http/pin.py",
+        "pd_policy_vllm/http/media/fetch.py",
         "    if check_media_url(url, rules, param=param) is not MediaSource.REMOTE:",
         '    if url.startswith("ftp"):',
         ("tests/http/test_http_pin.py", "tests/http/test_http_media_fetch_ssrf.py"),
@@ -320,7 +407,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "the prefill's ids pass the byte check whatever they hold",
-        "pd_policy_vllm/http/token_ids.py",
+        "pd_policy_vllm/openai/wire/token_ids.py",
         "        if compact[1:-1].translate(None, _DIGITS_AND_COMMAS):",
         "        if False:",
         ("tests/http/test_http_token_ids.py",),
@@ -369,37 +456,39 @@ MUTANTS: Final = (
     ),
     Mutant(
         "the splice ends a string at an escaped quote",
-        "pd_policy_vllm/http/splice.py",
+        "pd_policy_vllm/openai/wire/splice.py",
         "        if not escaped(raw, quote):",
         "        if True:",
         ("tests/http/test_http_splice.py",),
     ),
     Mutant(
         "the spliced prefill leg keeps the members it should drop",
-        "pd_policy_vllm/http/splice.py",
+        "pd_policy_vllm/openai/wire/splice.py",
         "        if key in drop:\n            continue\n",
         "",
         ("tests/http/test_http_splice.py",),
     ),
     Mutant(
         "a Responses API request's bytes spliced as if they were its chat equivalent",
-        "pd_policy_vllm/http/attempt.py",
-        "            ours = translate is None and plan.body is body",
-        "            ours = plan.body is body",
+        "pd_policy_vllm/http/front_door.py",
+        "        body, spliceable = chat_equivalent(body), None",
+        "        body = chat_equivalent(body)",
         ("tests/http/test_http_proxy_faults.py",),
     ),
     Mutant(
         "the Ray decode server sends Ray's own decode leg: the client's request, images in",
-        "pd_policy_ray/server.py",
-        'decode_body_for(plan, reply.model_dump(mode="json"))',
-        'request.model_dump(mode="json", exclude_unset=True)',
+        "pd_policy_ray/driver.py",
+        "            return replica.decode(self.route, leg.body, self.raw)",
+        "            return replica.decode(self.route, self.body, self.raw)",
         ("tests/vllm/ray/test_ray_server.py",),
     ),
     Mutant(
-        "the Ray decode server decodes after a prefill error",
-        "pd_policy_ray/server.py",
-        "                if isinstance(reply, ErrorResponse):",
-        "                if False:",
+        "the Ray decode server reads a prefill's error as its reply",
+        "pd_policy_ray/driver.py",
+        "                answered = await replica.prefill(self.route, body, self.raw)\n"
+        "            if _failed(answered):",
+        "                answered = await replica.prefill(self.route, body, self.raw)\n"
+        "            if False:",
         ("tests/vllm/ray/test_ray_server.py",),
     ),
     Mutant(

@@ -15,6 +15,7 @@ DOCS = {
     "decisions": ROOT / "docs" / "decisions.md",
     "epd": ROOT / "docs" / "epd.md",
     "errors": ROOT / "docs" / "errors.md",
+    "exchange": ROOT / "docs" / "architecture.md",
 }
 
 

@@ -57,6 +57,7 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
         "pd_forbidden",
         "pd_body_too_large",
         "pd_client_timeout",
+        "pd_request_timeout",
     }
     # An admin route refused is refused for every caller without an admin key, anonymous or not.
     assert ERROR_CATALOG["pd_forbidden"].status == 403

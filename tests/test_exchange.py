@@ -53,9 +53,9 @@ HANDED = KvFacts(COMPLETE[KvConnectorMode.TRANSFER])
 def roster(prefills: int = 2, decodes: int = 2) -> Roster[WorkerCapability]:
     fleet: Roster[WorkerCapability] = Roster(clock=lambda: 0.0, policy=HealthPolicy(failures=1))
     for i in range(prefills):
-        fleet.add("prefill", f"p{i}", VISION)
+        fleet.add_member("prefill", f"p{i}", VISION)
     for i in range(decodes):
-        fleet.add("decode", f"d{i}", LM_ONLY)
+        fleet.add_member("decode", f"d{i}", LM_ONLY)
     return fleet
 
 
@@ -81,7 +81,7 @@ def test_a_pd_request_plans_prefills_checks_the_handoff_relays_and_credits() -> 
     assert relay == Relay(plan.placement.decode) and ex.phase is Phase.DECODING
     assert ex.handle(FirstByte()) == ()  # a first byte asks nothing of the router
     done = settle(fleet, ex.handle(LegAnswered(Leg.DECODE)))
-    assert done == Finish(200) and ex.phase is Phase.DONE
+    assert done == Finish(200) and ex.finish == done
     assert [m.outstanding for m in fleet] == [0, 0, 0, 0]
 
 
@@ -100,6 +100,7 @@ def test_a_decode_that_fails_before_any_byte_is_retried_without_it_and_ejected()
     fleet = roster()
     ex = exchange(fleet)
     first = settle(fleet, ex.handle(Begin()))
+    assert isinstance(first, Plan)
     settle(fleet, ex.handle(Planned(frozenset({Leg.PREFILL}), STRIPPED)))
     settle(fleet, ex.handle(LegAnswered(Leg.PREFILL, HANDED)))
     failed = WorkerFailedToStart("decode", http_status=503)

@@ -111,7 +111,8 @@ def _search_fleet(
         return exchange
 
     start = replayed(())
-    seen, queue = {_key(start)}, [()]
+    seen = {_key(start)}
+    queue: list[tuple[Event, ...]] = [()]
     phases: set[ExchangePhase] = {start.phase}
     edges: Edges = set()
     refused = 0

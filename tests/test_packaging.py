@@ -246,8 +246,16 @@ def test_a_missing_extra_names_itself(blocked: tuple[str, ...], statement: str, 
         # The shaping functions, and JSON through the standard library without msgspec.
         (
             ("aiohttp", "msgspec"),
-            "from pd_policy_vllm.http import codec, policy_request; "
+            "from pd_policy_vllm.openai import policy_request; "
+            "from pd_policy_vllm.openai.wire import codec; "
             "assert codec.loads(codec.dumps({'a': 1})) == {'a': 1}",
+        ),
+        # The policy on OpenAI bodies imports no server: every module of it, no aiohttp.
+        (
+            ("aiohttp",),
+            "import pkgutil, importlib, pd_policy_vllm.openai as o; "
+            "[importlib.import_module(m.name) for m in "
+            "pkgutil.walk_packages(o.__path__, 'pd_policy_vllm.openai.')]",
         ),
         # Only the functions that call vLLM need it; the probe reads its absence as a fact.
         (("vllm", "torch"), "import pd_policy_vllm as v; assert v.modality_limits(None) is None"),
@@ -266,6 +274,8 @@ EXTRA_OF = {
     "pd_policy": None,
     "pd_policy_grpc": "grpc",
     "pd_policy_vllm/http": "http",
+    # The shaping needs no server; its JSON is fast with msgspec, which the http extra has.
+    "pd_policy_vllm/openai": "http",
     "pd_policy_vllm": "vllm-cpu",
     "pd_policy_ray": "ray",
 }
@@ -280,10 +290,10 @@ def _requirement_names(requirements: list[str]) -> set[str]:
     return {_normal(name) for name in names}
 
 
-def _third_party_imports(folder: Path, skip: Path | None) -> set[str]:
+def _third_party_imports(folder: Path, skip: tuple[Path, ...]) -> set[str]:
     tops = set()
     for path in folder.rglob("*.py"):
-        if skip is not None and skip in path.parents:
+        if any(skipped in path.parents for skipped in skip):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
@@ -313,11 +323,12 @@ def test_every_third_party_import_has_its_extra(where: str) -> None:
     core = _requirement_names(project["dependencies"])
     extra = EXTRA_OF[where]
     named = core | _requirement_names(project["optional-dependencies"][extra] if extra else [])
-    # The Ray adapter shares the HTTP adapter's shaping and runs on vLLM's engine.
+    # The Ray adapter shares the proxy's shaping (pd_policy_vllm.openai) and runs on vLLM's
+    # engine.
     if where == "pd_policy_ray":
         named |= _requirement_names(project["optional-dependencies"]["vllm-cpu"])
     folder = ROOT / "src" / where
-    skip = folder / "http" if where == "pd_policy_vllm" else None
+    skip = (folder / "http", folder / "openai") if where == "pd_policy_vllm" else ()
     distributions = importlib.metadata.packages_distributions()
     provided = _provided(named)
     missing = {

@@ -12,8 +12,8 @@ from pd_policy import Health, HealthPolicy, Prober, ProbeTimes, Roster
 def setup() -> tuple[Roster[str], Prober[str], list[float]]:
     now = [0.0]
     roster: Roster[str] = Roster(clock=lambda: now[0], policy=HealthPolicy(backoff=10.0))
-    roster.add("prefill", "p", "prefill as described")
-    roster.add("decode", "d", "vision decode")
+    roster.add_member("prefill", "p", "prefill as described")
+    roster.add_member("decode", "d", "vision decode")
     return roster, Prober(roster, ProbeTimes(redescribe=30.0)), now
 
 
@@ -75,7 +75,7 @@ def test_a_draining_member_is_not_probed_and_leaves_once_idle() -> None:
 def test_one_join_rule_a_described_worker_serves_at_once_an_undescribed_one_starts() -> None:
     roster, prober, _ = setup()
     assert all(m.health.health is Health.HEALTHY for m in roster)
-    starting = roster.add("encode", "e", "not described yet", healthy=False)
+    starting = roster.add_member("encode", "e", "not described yet", healthy=False)
     assert starting.health.health is Health.STARTING and starting in prober.round()
 
 

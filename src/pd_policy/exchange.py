@@ -37,7 +37,7 @@ attrs; the placement callable is the router's (its roster's draw counter aside, 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from .client_errors import RequestTimedOut
 from .errors import (
@@ -77,7 +77,7 @@ from .placement import Placement
 from .roster import Member, Roster
 from .worker_errors import WorkerFailedToStart
 
-__all__ = ["Exchange", "IoAction", "Placer", "fixed", "settle"]
+__all__ = ["ONE_PAIR", "Exchange", "IoAction", "Placer", "fixed", "one_pair", "settle"]
 
 W = TypeVar("W")
 
@@ -89,6 +89,18 @@ def fixed(placement: Placement[W]) -> Placer[W]:
     """A placer that always answers ``placement``: a router of one pair (or one graph, as
     Ray's), which has nowhere else to go."""
     return lambda _excluded: placement
+
+
+#: The placement of a router of one pair: its members are names, its bookkeeping nobody's.
+ONE_PAIR: Final[Placement[None]] = Placement(
+    Member("prefill", "prefill", None), Member("decode", "decode", None)
+)
+
+
+def one_pair() -> Exchange[None]:
+    """The exchange of a request to a router of one pair (a pair router, Ray's graph): one
+    attempt, on that pair, its bookkeeping ignored (``settle(None, ...)``)."""
+    return Exchange(fixed(ONE_PAIR), attempts=1)
 
 
 #: The action of a step that is I/O, or the finish.

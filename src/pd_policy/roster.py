@@ -102,7 +102,7 @@ class Roster(Generic[W]):
         self.generation += 1
         return member
 
-    def add(self, role: str, name: str, worker: W, *, healthy: bool = True) -> Member[W]:
+    def add_member(self, role: str, name: str, worker: W, *, healthy: bool = True) -> Member[W]:
         """A ``role`` member called ``name`` joins (replacing one of its name): in service at
         once when ``healthy`` (the adapter has just read its description from the worker
         itself, which is a passed probe), else starting until a probe passes. Raises

@@ -80,6 +80,10 @@ class PdCalls:
                 "returns KV transfer parameters"
             )
 
+    def own(self, placement: Any) -> Any:
+        """The pair an attempt goes to, for a router of one pair: itself."""
+        return self
+
     @staticmethod
     def _prefill_response(item: Any) -> pb.GenerateResponse:
         """A prefill response as the channel yields it, read."""

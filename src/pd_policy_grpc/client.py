@@ -13,11 +13,14 @@ from collections.abc import AsyncGenerator
 
 import grpc
 from pd_policy import DecodeCandidate, plan_kv_handoff, select_decode_workers
+from pd_policy.exchange import one_pair
+from pd_policy.exchange_events import HandoffCheck, KvFacts
 
 from .calls import PdCalls
-from .kv import apply_kv_handoff, ensure_kv_handoff, prefill_leg, relay_kv
+from .driver import PairAttempt, drive
+from .kv import apply_kv_handoff, prefill_leg, relay_kv
 from .legs import build_decode_leg
-from .view import request_view
+from .view import has_mm_inputs, kv_handoff_facts, request_view
 from .wire import pb
 
 __all__ = ["SequentialPd"]
@@ -55,6 +58,10 @@ class SequentialPd(PdCalls):
     4. checks the handoff: a stripped multimodal leg without one raises the 502;
     5. streams the decode leg's responses.
 
+    Its life is an [`Exchange`][pd_policy.exchange.Exchange] of one attempt on its one
+    pair ([`drive`][pd_policy_grpc.driver.drive]), as [`FleetPd`][pd_policy_grpc.fleet.FleetPd]
+    drives one per request over a fleet: the steps above are its actions.
+
     Errors come out typed, as [`PolicyError`][pd_policy.errors.PolicyError]: the policy's own,
     a policy error a worker returned (read from its trailing metadata), or a
     worker's failure naming its leg (``prefill_worker_failed_to_start``,
@@ -75,24 +82,42 @@ class SequentialPd(PdCalls):
     ``KvConnectorMode.MOONCAKE`` (Mooncake needs the worker's bootstrap host).
     """
 
-    async def generate(self, request: pb.GenerateRequest) -> AsyncGenerator[pb.GenerateResponse]:
-        """Serve ``request``; yields the decode worker's responses. See the class docs."""
+    def attempt(self, request: pb.GenerateRequest) -> PairAttempt[pb.GenerateRequest]:
+        """The attempt at ``request`` (steps 1 and 2 of the class docs): the decode leg,
+        carrying what the handoff sends up front. Raises the policy's refusals."""
         chosen = self.choose(request)
-        decode = self._stubs[id(chosen.handle)]
         # Choosing among several candidates already checked the message.
         form, leg = build_decode_leg(request, chosen.worker, check=len(self.candidates) == 1)
         handoff = plan_kv_handoff(self.kv, n=request.sampling_params.n)
         apply_kv_handoff(leg, handoff)
-        if handoff.runs_prefill:
-            complete = await self._run_prefill(prefill_leg(request, handoff), request.request_id)
-            if handoff.relays:
-                relay_kv(leg, complete)
-        ensure_kv_handoff(request, form, leg, handoff.mode)
+        check = HandoffCheck(form, has_mm_inputs(request), handoff.mode)
+        stub = self._stubs[id(chosen.handle)]
+        return PairAttempt(leg, stub, handoff.runs_prefill, check, handoff)
+
+    def handoff_of(self, attempt: PairAttempt[pb.GenerateRequest]) -> KvFacts:
+        """The handoff the attempt's decode leg carries now."""
+        return KvFacts(*kv_handoff_facts(attempt.leg))
+
+    async def prefill(
+        self, request: pb.GenerateRequest, attempt: PairAttempt[pb.GenerateRequest]
+    ) -> None:
+        """Step 3: the sanitised prefill leg, and what it returned relayed."""
+        handoff = attempt.handoff
+        complete = await self._run_prefill(prefill_leg(request, handoff), request.request_id)
+        if handoff.relays:
+            relay_kv(attempt.leg, complete)
+
+    def decode(
+        self, request: pb.GenerateRequest, attempt: PairAttempt[pb.GenerateRequest]
+    ) -> AsyncGenerator[pb.GenerateResponse]:
+        """Step 5: the decode leg's responses."""
+        return self._stream_decode(attempt.decode, attempt.leg, request.request_id)
+
+    async def generate(self, request: pb.GenerateRequest) -> AsyncGenerator[pb.GenerateResponse]:
+        """Serve ``request``; yields the decode worker's responses. See the class docs."""
         # aclosing: a caller that stops iterating closes the decode stream now, not at
         # garbage collection, so its abort goes out while the channel is open.
-        async with contextlib.aclosing(
-            self._stream_decode(decode, leg, request.request_id)
-        ) as stream:
+        async with contextlib.aclosing(drive(request, self.own, one_pair())) as stream:
             async for response in stream:
                 yield response
 

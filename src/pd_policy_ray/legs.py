@@ -3,7 +3,7 @@
 Ray's own path (``DefaultPDProtocolMixin``) sends decode the client's request as it
 came, images included, with the prefill's ``kv_transfer_params`` copied on: its decode
 must be a full-vision engine. Here both legs come from the policy's plan
-([`plan_request`][pd_policy_vllm.http.plan.plan_request], shared with the HTTP proxy,
+([`plan_request`][pd_policy_vllm.openai.plan.steps.plan_request], shared with the HTTP proxy,
 since Ray's requests are vLLM's OpenAI requests):
 
 - the prefill leg is the client's body with the output capped at one token, asking for
@@ -37,18 +37,26 @@ from pd_policy import (
     InvalidConfiguration,
     MalformedRequest,
     PrefillKv,
+    Request,
     WorkerCapability,
     connector_mode,
 )
-from pd_policy_vllm.http.codec import dumps, loads
-from pd_policy_vllm.http.legs import Leg
-from pd_policy_vllm.http.plan import Plan, decode_leg, plan_rendered, plan_request
-from pd_policy_vllm.http.request import Route
+from pd_policy_vllm.openai.plan.legs import Leg, PrefillReply
+from pd_policy_vllm.openai.plan.request import Route
+from pd_policy_vllm.openai.plan.steps import (
+    Plan,
+    decode_leg,
+    decode_leg_of,
+    plan_rendered,
+    plan_request,
+)
+from pd_policy_vllm.openai.wire.codec import dumps, loads
 
 __all__ = [
     "DECODE",
     "decode_body_for",
     "decode_leg_for",
+    "plain_leg",
     "plan_legs",
     "prefill_body_for",
     "prefill_kv",
@@ -136,6 +144,14 @@ def decode_body_for(plan: Plan[Any], prefill_response: Mapping[str, Any] | None)
     a stripped leg with media that the prefill handed no KV for, and a
     ``prefill_stream_error`` (502) for a response without the expanded prompt ids."""
     return decode_leg_for(plan, prefill_response).body
+
+
+def plain_leg(plan: Plan[Any], leg: Request, reply: PrefillReply | None) -> Leg:
+    """The decode leg of the handed-over core ``leg`` and the prefill's ``reply``, its body in
+    JSON types (see [`decode_leg_of`][pd_policy_vllm.openai.plan.steps.decode_leg_of]); not
+    checked: the exchange checks the handoff before it asks for the decode."""
+    made = decode_leg_of(plan, leg, reply)
+    return Leg(made.route, _plain(made.body), made.derender)
 
 
 def decode_leg_for(plan: Plan[Any], prefill_response: Mapping[str, Any] | None) -> Leg:

@@ -27,13 +27,11 @@ import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from pd_policy_vllm.http.legs import Leg
-from pd_policy_vllm.http.plan import Plan
+from pd_policy_vllm.openai.plan.legs import Leg
 
-from .legs import decode_leg_for, prefill_body_for, rendered_plan
 from .scale_out import ScaleOut
 
-__all__ = ["Step", "decode_metadata_leg", "prepare_metadata_leg"]
+__all__ = ["Step", "decode_metadata_leg"]
 
 
 class Step(enum.Enum):
@@ -49,24 +47,6 @@ def _failed(reply: Any) -> bool:
     from .seam import ErrorResponse
 
     return isinstance(reply, ErrorResponse)
-
-
-async def prepare_metadata_leg(plan: Plan[str], prefill: Any) -> tuple[Step, Any]:
-    """Render and prefill through the prefill deployment's handle ``prefill`` (a
-    ``PolicyPrefillServer``'s, not streamed): the decode leg, under ``Step.DECODE``, or
-    the prefill replica's ``ErrorResponse``, under the step that failed.
-
-    Raises the core's refusals after prefill (a typed
-    [`PolicyError`][pd_policy.errors.PolicyError], 502): a render without every image's
-    hash, placeholder and grid; a prefill without the rendered ids or without KV."""
-    rendered = await prefill.render_chat.remote(plan.render)
-    if _failed(rendered):
-        return Step.RENDER, rendered
-    plan = rendered_plan(plan, rendered)
-    reply = await prefill.generate.remote(prefill_body_for(plan))
-    if _failed(reply):
-        return Step.PREFILL, reply
-    return Step.DECODE, decode_leg_for(plan, reply)
 
 
 def _event(data: Any) -> str:

@@ -1,6 +1,6 @@
 """A Ray replica's own vLLM scale-out serving: render, generate, derender, in process.
 
-The M-RoPE metadata path (see [`scale_out`][pd_policy_vllm.http.scale_out] for the HTTP
+The M-RoPE metadata path (see [`scale_out`][pd_policy_vllm.openai.plan.scale_out] for the HTTP
 proxy's) needs, for a chat request, the prefill engine's render (the expanded ids and,
 per image, its hash, placeholder and grid), a token-in generate on both engines, and
 the decode engine's derender of its tokens into the client's chat completion. Ray

@@ -2,10 +2,13 @@
 
 [`PolicyDecodeServer`][pd_policy_ray.server.PolicyDecodeServer] is Ray's
 ``PDDecodeServer`` (the decode deployment owns an engine and drives the remote prefill)
-with the request's life replaced: the policy plans both legs for the replica's own
-capability ([`legs`][pd_policy_ray.legs]), a refusal is an OpenAI error before any engine
-is called, the prefill runs on the prefill deployment, and the decode leg the policy
-built runs on the local engine. Ray's connector backend still sets the engine up (NIXL's
+with the request's life replaced by the policy's: an
+[`Exchange`][pd_policy.exchange.Exchange] of one attempt
+([`driver`][pd_policy_ray.driver]), as every router of this library runs. The policy
+plans both legs for the replica's own capability ([`legs`][pd_policy_ray.legs]), a
+refusal is an OpenAI error before any engine is called, the prefill runs on the prefill
+deployment, the handoff is checked, and the decode leg the policy built runs on the
+local engine. Ray's connector backend still sets the engine up (NIXL's
 side channel, say); the backend's request shaping is not used. An M-RoPE image on a
 replica that takes metadata runs the metadata path ([`metadata`][pd_policy_ray.metadata]):
 rendered and prefilled on the prefill deployment
@@ -20,21 +23,19 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from pd_policy import InvalidConfiguration, PolicyError, Support, WorkerCapability
-from pd_policy_vllm.http.request import Route
+from pd_policy import InvalidConfiguration, Support, WorkerCapability
+from pd_policy_vllm.openai.plan.request import Route
 
 from .capability import engine_config_of, replica_capability, uses_mrope
-from .errors import error_response
-from .legs import decode_body_for, plan_legs, prefill_body_for, prefill_kv
-from .metadata import Step, decode_metadata_leg, prepare_metadata_leg
+from .driver import serve
+from .legs import prefill_kv
 from .scale_out import ScaleOut
 from .seam import (
     ChatCompletionRequest,
     CompletionRequest,
-    ErrorResponse,
     LLMServer,
     PDDecodeServer,
     _sanitize_chat_completion_request,
@@ -107,82 +108,30 @@ class PolicyDecodeServer(PDDecodeServer):  # type: ignore[misc]
         route = _route(request)
         request_id = getattr(request, "request_id", None) or f"pd-{uuid.uuid4().hex}"
         body = request.model_dump(mode="json", exclude_unset=True)
-        form = "-"
-        try:
-            plan = plan_legs(body, route, self.capability, self.kv, mrope=self.mrope,
-                             request_id=request_id)  # fmt: skip
-            form = plan.form.value
-            if plan.render is not None:
-                async for item in self._metadata(plan, request_id, route, form):
-                    yield item
-                return
-            prefill_body = prefill_body_for(plan)
-            if prefill_body is None:  # n>1 without media: decode runs alone
-                decode = _request(route, decode_body_for(plan, None))
-            else:
-                reply = await self._prefill(route, _request(route, prefill_body), raw_request_info)
-                if isinstance(reply, ErrorResponse):
-                    self._log(request_id, route, form, "prefill_error", reply.error.code)
-                    yield reply
-                    return
-                decode = _request(route, decode_body_for(plan, reply.model_dump(mode="json")))
-        except PolicyError as exc:
-            self._log(request_id, route, form, exc.code, exc.status)
-            yield error_response(exc)
-            return
-        first = True
-        async for chunk in self._decode(route, decode, raw_request_info):
-            if first:  # the decode's own refusal arrives as its first chunk (or batch)
-                head = chunk[0] if isinstance(chunk, list) and chunk else chunk
-                failed = isinstance(head, ErrorResponse)
-                self._log(request_id, route, form, "decode_error" if failed else "ok",
-                          head.error.code if failed else 200)  # fmt: skip
-                first = False
-            yield chunk
 
-    async def _metadata(
-        self, plan: Any, request_id: str, route: Route, form: str
-    ) -> AsyncGenerator[Any, None]:
-        # Raises the core's refusals after prefill (the caller answers them).
-        step, leg = await prepare_metadata_leg(plan, self.prefill_calls)
-        if step is not Step.DECODE:
-            self._log(request_id, route, form, f"{step.value}_error", leg.error.code)
-            yield leg
-            return
-        if self.local is None:  # a plan says the path exists only where it does
-            raise InvalidConfiguration("this replica has no scale-out serving")
-        # What the decode engine was sent: the grids, never the pixels (the live tests read it).
-        sent = len(json.dumps(leg.body, separators=(",", ":")))
-        first = True
-        async for step, item in decode_metadata_leg(leg, self.local):
-            if first:  # one line a request, as on the plain path: its first answer
-                failed = isinstance(item, ErrorResponse)
-                outcome = f"{step.value}_error" if failed else "ok"
-                self._log(request_id, route, form, outcome, item.error.code if failed else 200,
-                          decode_bytes=sent)  # fmt: skip
-                first = False
+        def log(form: str, outcome: str, status: int, extra: dict[str, int]) -> None:
+            line = {"request_id": request_id, "route": route.value, "form": form,
+                    "outcome": outcome, "status": status, **extra}  # fmt: skip
+            requests_log.info(json.dumps(line, separators=(",", ":")))
+
+        async for item in serve(self, route, body, request_id, raw_request_info, log):
             yield item
 
-    async def _prefill(self, route: Route, request: Any, raw_request_info: Any) -> Any:
-        # The prefill deployment's first answer: its one token, or an ErrorResponse.
+    async def prefill(self, route: Route, body: dict[str, Any], raw_request_info: Any) -> Any:
+        """The prefill deployment's first answer to ``body``: its one token, or an
+        ``ErrorResponse``."""
         handle = getattr(self._prefill_handle, route.name.lower())
-        responses = handle.remote(request, raw_request_info)
+        responses = handle.remote(_request(route, body), raw_request_info)
         first = await responses.__anext__()
         async for _ in responses:  # drained, so that the handle's accounting ends
             pass
         return first[0] if isinstance(first, list) else first
 
-    def _log(
-        self, request_id: str, route: Route, form: str, outcome: str, status: int, **extra: int
-    ) -> None:
-        line = {"request_id": request_id, "route": route.value, "form": form,
-                "outcome": outcome, "status": status, **extra}  # fmt: skip
-        requests_log.info(json.dumps(line, separators=(",", ":")))
-
-    async def _decode(
-        self, route: Route, request: Any, raw_request_info: Any
-    ) -> AsyncGenerator[Any, None]:
-        # The local engine, through Ray's own request pipeline (request id, LoRA, batching).
+    async def decode(
+        self, route: Route, body: dict[str, Any], raw_request_info: Any
+    ) -> AsyncIterator[Any]:
+        """The local engine's answer to the decode ``body``, through Ray's own request
+        pipeline (request id, LoRA, batching); its refusal is its first chunk."""
         method = LLMServer.chat if route is Route.CHAT else LLMServer.completions
-        async for chunk in await method(self, request, raw_request_info):
+        async for chunk in await method(self, _request(route, body), raw_request_info):
             yield chunk

@@ -70,6 +70,21 @@ def test_build_decode_leg_agrees_with_the_core(
         assert leg is not proto
 
 
+@pytest.mark.parametrize("support", list(VisionSupport))
+def test_a_batch_of_placeholders_alone_is_media_without_identity(support: VisionSupport) -> None:
+    # Placeholders say the prompt holds media: with no hashes, the decode could serve one
+    # item's cache for another's. The generated messages draw this corner rarely.
+    proto = pb.GenerateRequest(request_id="r")
+    proto.tokenized.input_ids.extend([1, 2, 3, 4])
+    place = proto.mm_inputs.mm_placeholders.add()
+    place.offset, place.length = 1, 2
+    core = pd_policy.build_decode_leg
+    with pytest.raises(pd_policy.MissingMediaIdentity):
+        core(request_view(proto), WorkerCapability(support))
+    with pytest.raises(pd_policy.MissingMediaIdentity):
+        pd_policy_grpc.build_decode_leg(proto, WorkerCapability(support))
+
+
 @given(protos(mm=True), st.sampled_from(list(VisionSupport)))
 def test_a_stripped_or_identity_leg_keeps_no_pixels(
     proto: pb.GenerateRequest, support: VisionSupport

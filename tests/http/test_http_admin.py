@@ -30,10 +30,10 @@ from pd_policy_vllm.http.auth import Keys, key_id
 from pd_policy_vllm.http.cli import main
 from pd_policy_vllm.http.fleet.allowed_hosts import allowed_hosts
 from pd_policy_vllm.http.fleet.members import Fleet
-from pd_policy_vllm.http.identity import WorkerMedia
-from pd_policy_vllm.http.media_guard import MediaLimits
-from pd_policy_vllm.http.pin import RemoteMedia
+from pd_policy_vllm.http.media.fetch import RemoteMedia
+from pd_policy_vllm.http.media.guard import MediaLimits
 from pd_policy_vllm.http.proxy import Proxy
+from pd_policy_vllm.openai.media.identity import WorkerMedia
 
 WORKER, CLIENT, ADMIN = "worker-K3Y", "client-K3Y", "admin-K3Y"
 KEYS = Keys(WORKER, (CLIENT,), (ADMIN,))

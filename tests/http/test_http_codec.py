@@ -13,7 +13,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from pd_policy import MalformedRequest
-from pd_policy_vllm.http import codec
+from pd_policy_vllm.openai.wire import codec
 
 SCALARS = (
     st.none()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pd_policy.tools.tables import splice
-from pd_policy_vllm.http import identity_table, tables
+from pd_policy_vllm.openai.tools import identity_table, tables
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "http.md"
 

@@ -24,8 +24,14 @@ from pd_policy import (
     WorkerCapability,
 )
 from pd_policy_vllm.http import Route
-from pd_policy_vllm.http.plan import Plan, decode_leg, plan_encoded, plan_rendered, plan_request
-from pd_policy_vllm.http.scale_out import GENERATE
+from pd_policy_vllm.openai.plan.scale_out import GENERATE
+from pd_policy_vllm.openai.plan.steps import (
+    Plan,
+    decode_leg,
+    plan_encoded,
+    plan_rendered,
+    plan_request,
+)
 
 LM_ONLY = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.FALSE)
 

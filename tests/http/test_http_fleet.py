@@ -17,17 +17,18 @@ from fleet_stands import Stand, serving, stands
 
 from pd_policy import Health, Support, WorkerCapability
 from pd_policy_vllm.http import HttpWorker, capability_from_config
-from pd_policy_vllm.http.attempt import Attempt
 from pd_policy_vllm.http.auth import Keys
 from pd_policy_vllm.http.cli import read_fleet
 from pd_policy_vllm.http.flags import parser
 from pd_policy_vllm.http.fleet.members import Fleet, Member
-from pd_policy_vllm.http.fleet.metrics import Metrics
 from pd_policy_vllm.http.fleet.probe import Probe
-from pd_policy_vllm.http.fleet.routing import choose_members
-from pd_policy_vllm.http.identity import WorkerMedia
+from pd_policy_vllm.http.fleet.routing import HttpPlacer
+from pd_policy_vllm.http.front_door import Incoming
+from pd_policy_vllm.http.media.guard import MediaLimits
+from pd_policy_vllm.http.planning import Planning
 from pd_policy_vllm.http.proxy import Proxy
-from pd_policy_vllm.http.request import Route, policy_request
+from pd_policy_vllm.openai.media.identity import WorkerMedia
+from pd_policy_vllm.openai.plan.request import Route, policy_request
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 Test = Callable[[str, list[Stand], list[Stand], Proxy], Awaitable[None]]
@@ -114,10 +115,15 @@ def test_no_retry_for_a_workers_400_nor_after_the_client_has_seen_output() -> No
         assert status == 400 and answer["error"]["code"] == "decode_worker_failed_to_start"
         assert sum(len(s.calls) for s in ds) == 1
         for stand in ds:
-            stand.cut_stream = True
+            # The other decode's 400 is not left pending: a retry would reach it.
+            stand.fail_next, stand.cut_stream = [], True
         status, _, text = await post(url, chat(stream=True))
         assert status == 200 and '"worker"' in text and "decode_stream_error" in text
         assert sum(len(s.calls) for s in ds) == 2  # the cut stream was not tried again
+        # Not even planned again: a new attempt's prefill could race the client's leaving.
+        retried = proxy.metrics.registry.get_sample_value("pd_policy_retries_total",
+                                                          {"leg": "decode"})  # fmt: skip
+        assert not retried
 
     run(test)
 
@@ -344,12 +350,16 @@ def test_the_plan_names_items_under_the_chosen_prefills_own_settings(shared: boo
         fleet.add("prefill", worker, healthy=True)
     fleet.add("decode", HttpWorker("http://127.0.0.1:3", WorkerCapability(Support.FALSE)),
               healthy=True)  # fmt: skip
-    attempt = Attempt(None, None, {}, Metrics(), False, None)  # type: ignore[arg-type]
+    # No remote media: the plan fetches nothing, and needs no session.
+    planning = Planning(False, None, MediaLimits(), None)  # type: ignore[arg-type]
     for seed in range(8):
         body = chat(seed)
-        choice = choose_members(fleet, body, Route.CHAT, mrope=False)
-        assert (choice.request is not None) and (choice.media is not None) is shared
-        plan = attempt.plan(body, Route.CHAT, "r", choice, chosen_on=True)
+        placer = HttpPlacer(fleet, body, Route.CHAT, mrope=False, request_id="r")
+        placement = placer(())
+        reused = placer.request_for(placement.prefill.worker)
+        assert (reused is not None) is shared and (placer.media is not None) is shared
+        incoming = Incoming("r", Route.CHAT, Route.CHAT.value, body, None, False)
+        plan = asyncio.run(planning.plan(incoming, placement, placer))
         own = policy_request(body, Route.CHAT, request_id="r", mrope=False,
-                             media=choice.prefill.worker.media)  # fmt: skip
+                             media=placement.prefill.worker.media)  # fmt: skip
         assert plan.request.batches[0].mm_hashes == own.batches[0].mm_hashes

@@ -21,7 +21,7 @@ from pd_policy_vllm.http.fleet.describe import _host as describe_host
 from pd_policy_vllm.http.fleet.members import Fleet, member_name
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.http.upstream.client import Upstream, _Target
-from pd_policy_vllm.http.workers import prefill_kv_from_config
+from pd_policy_vllm.openai.workers import prefill_kv_from_config
 
 MOONCAKE = {"kv_transfer_config": {"kv_connector": "MooncakeConnector", "engine_id": "e"}}
 

@@ -39,7 +39,7 @@ from pd_policy_vllm.http import (
     read_prefill,
     without_media,
 )
-from pd_policy_vllm.http.plan import plan_request
+from pd_policy_vllm.openai.plan.steps import plan_request
 
 LM_ONLY = WorkerCapability(Support.FALSE)
 VISION = WorkerCapability(Support.TRUE)

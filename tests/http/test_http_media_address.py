@@ -8,8 +8,8 @@ import ipaddress
 import pytest
 
 from pd_policy_vllm.http.flags import media_limits, parser
-from pd_policy_vllm.http.media_address import host_address, refused_address
-from pd_policy_vllm.http.media_guard import MediaLimits
+from pd_policy_vllm.http.media.address import host_address, refused_address
+from pd_policy_vllm.http.media.guard import MediaLimits
 
 REFUSED = [
     "127.0.0.1", "127.255.255.254", "0.0.0.0", "0.1.2.3", "10.1.2.3", "172.16.0.1",

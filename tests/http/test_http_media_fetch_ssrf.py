@@ -34,10 +34,10 @@ from pd_policy import (
 )
 from pd_policy_vllm.http import HttpWorker
 from pd_policy_vllm.http.auth import Keys
-from pd_policy_vllm.http.identity import WorkerMedia
-from pd_policy_vllm.http.media_guard import MediaLimits, RefusedAddress, media_session
-from pd_policy_vllm.http.pin import RemoteMedia, fetch_media
+from pd_policy_vllm.http.media.fetch import RemoteMedia, fetch_media
+from pd_policy_vllm.http.media.guard import MediaLimits, RefusedAddress, media_session
 from pd_policy_vllm.http.proxy import Proxy
+from pd_policy_vllm.openai.media.identity import WorkerMedia
 
 PUBLIC = "127.0.0.2"  # allowed by the tests' limits: it stands for an Internet host
 LIMITS = MediaLimits(allow_networks=[PUBLIC + "/32"], timeout=5)

@@ -23,7 +23,7 @@ from pd_policy import (
     relay_kv,
 )
 from pd_policy_vllm.http import PrefillReply, Route, decode_body, media_parts, policy_request
-from pd_policy_vllm.http.identity import WorkerMedia, uncached_parts
+from pd_policy_vllm.openai.media.identity import WorkerMedia, uncached_parts
 
 LM_ONLY, VISION = WorkerCapability(Support.FALSE), WorkerCapability(Support.TRUE)
 

@@ -21,9 +21,9 @@ from pd_policy import (
     VisionSupport,
     WorkerCapability,
 )
-from pd_policy_vllm.http import codec
-from pd_policy_vllm.http.plan import decode_leg, plan_request
-from pd_policy_vllm.http.request import Route
+from pd_policy_vllm.openai.plan.request import Route
+from pd_policy_vllm.openai.plan.steps import decode_leg, plan_request
+from pd_policy_vllm.openai.wire import codec
 
 LM_ONLY = WorkerCapability(VisionSupport.FALSE)
 VISION = WorkerCapability(VisionSupport.TRUE)

@@ -21,8 +21,8 @@ from pd_policy import (
     Modality,
     PolicyError,
 )
-from pd_policy_vllm.http.media_guard import MediaLimits, media_session
-from pd_policy_vllm.http.pin import PINNED_MEDIA_TYPE, fetch_media, pin_remote_media
+from pd_policy_vllm.http.media.fetch import PINNED_MEDIA_TYPE, fetch_media, pin_remote_media
+from pd_policy_vllm.http.media.guard import MediaLimits, media_session
 
 #: The media server is on 127.0.0.1, which the proxy refuses by default
 #: (tests/http/test_http_media_fetch_ssrf.py): these tests run as a lab would.

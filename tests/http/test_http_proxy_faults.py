@@ -16,9 +16,9 @@ from aiohttp import web
 
 from pd_policy import KvConnectorMode, PrefillKv, Support, WorkerCapability, plan_kv_handoff
 from pd_policy_vllm.http import HttpWorker
-from pd_policy_vllm.http.legs import prefill_body
 from pd_policy_vllm.http.proxy import Proxy
-from pd_policy_vllm.http.request import Route
+from pd_policy_vllm.openai.plan.legs import prefill_body
+from pd_policy_vllm.openai.plan.request import Route
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}

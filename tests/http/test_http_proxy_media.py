@@ -15,11 +15,11 @@ from aiohttp import web
 
 from pd_policy import KvConnectorMode, MediaFetchRules, PrefillKv, Support, WorkerCapability
 from pd_policy_vllm.http import HttpWorker
-from pd_policy_vllm.http.attempt import remote_media_for
-from pd_policy_vllm.http.identity import WorkerMedia
-from pd_policy_vllm.http.media_guard import MediaLimits
-from pd_policy_vllm.http.pin import PINNED_MEDIA_TYPE, RemoteMedia
+from pd_policy_vllm.http.media.fetch import PINNED_MEDIA_TYPE, RemoteMedia
+from pd_policy_vllm.http.media.guard import MediaLimits
+from pd_policy_vllm.http.planning import remote_media_for
 from pd_policy_vllm.http.proxy import Proxy
+from pd_policy_vllm.openai.media.identity import WorkerMedia
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:

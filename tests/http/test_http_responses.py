@@ -15,10 +15,10 @@ from pd_policy import (
     Support,
     WorkerCapability,
 )
-from pd_policy_vllm.http.legs import Leg
-from pd_policy_vllm.http.plan import STRIPPED, decode_leg, plan_request
-from pd_policy_vllm.http.request import Route
-from pd_policy_vllm.http.responses import RESPONSES, chat_equivalent, responses_decode_leg
+from pd_policy_vllm.openai.plan.legs import Leg
+from pd_policy_vllm.openai.plan.request import Route
+from pd_policy_vllm.openai.plan.responses import RESPONSES, chat_equivalent, responses_decode_leg
+from pd_policy_vllm.openai.plan.steps import STRIPPED, decode_leg, plan_request
 
 IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
 

@@ -23,8 +23,8 @@ from pd_policy import (
     WorkerStreamError,
 )
 from pd_policy_vllm.http import Route
-from pd_policy_vllm.http.plan import decode_leg, plan_rendered, plan_request
-from pd_policy_vllm.http.scale_out import DERENDER, GENERATE, read_render
+from pd_policy_vllm.openai.plan.scale_out import DERENDER, GENERATE, read_render
+from pd_policy_vllm.openai.plan.steps import decode_leg, plan_rendered, plan_request
 
 LM_ONLY = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.FALSE)
 METADATA = WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE)

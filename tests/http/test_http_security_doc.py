@@ -26,7 +26,8 @@ def test_every_limit_in_the_table_is_the_flags_default() -> None:
     for flag, default in documented.items():
         assert flag in defaults, f"{flag} is not a flag of pd-policy-proxy"
         value = defaults[flag]
-        assert (str(value) if isinstance(value, int) else f"{value:g}") == default, flag
+        shown = "none" if value is None else str(value) if isinstance(value, int) else f"{value:g}"
+        assert shown == default, flag
 
 
 def test_every_limit_flag_is_in_the_table() -> None:

@@ -19,11 +19,11 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from pd_policy import MalformedRequest, PolicyError
-from pd_policy_vllm.http import codec
-from pd_policy_vllm.http.data_url import DataUrl
-from pd_policy_vllm.http.media import without_media
-from pd_policy_vllm.http.request import Route, policy_request
-from pd_policy_vllm.http.skim import skim
+from pd_policy_vllm.openai.media.parts import without_media
+from pd_policy_vllm.openai.plan.request import Route, policy_request
+from pd_policy_vllm.openai.wire import codec
+from pd_policy_vllm.openai.wire.data_url import DataUrl
+from pd_policy_vllm.openai.wire.skim import skim
 
 LEAST = 8
 B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="

@@ -17,10 +17,10 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from pd_policy import KvConnectorMode, PrefillKv, plan_kv_handoff
-from pd_policy_vllm.http import codec
-from pd_policy_vllm.http.legs import prefill_body, prefill_bytes
-from pd_policy_vllm.http.request import Route
-from pd_policy_vllm.http.splice import members, splice
+from pd_policy_vllm.openai.plan.legs import prefill_body, prefill_bytes
+from pd_policy_vllm.openai.plan.request import Route
+from pd_policy_vllm.openai.wire import codec
+from pd_policy_vllm.openai.wire.splice import members, splice
 
 TRICKY = st.sampled_from(['"', "\\", '\\"', "{", "}", "[", "]", ",", ":", " ", "é", "\n", "\u2028"])
 TEXT = st.lists(TRICKY | st.text(max_size=4), max_size=5).map("".join)

@@ -31,11 +31,11 @@ from pd_policy import (
 from pd_policy_vllm.http import HttpWorker
 from pd_policy_vllm.http.auth import Keys
 from pd_policy_vllm.http.flags import client_uuids, parser
-from pd_policy_vllm.http.identity import WorkerMedia, part_identities
-from pd_policy_vllm.http.media import media_parts
 from pd_policy_vllm.http.proxy import Proxy
-from pd_policy_vllm.http.skim import SKIM_LEAST
-from pd_policy_vllm.http.tenant import request_tenant, scope_uuids
+from pd_policy_vllm.openai.media.identity import WorkerMedia, part_identities
+from pd_policy_vllm.openai.media.parts import media_parts
+from pd_policy_vllm.openai.media.tenant import request_tenant, scope_uuids
+from pd_policy_vllm.openai.wire.skim import SKIM_LEAST
 
 UUID = "client-uuid-7f3a"
 KEYS = Keys(None, ("key-x", "key-y"))
@@ -249,7 +249,7 @@ def test_uuids_are_scoped_unless_the_operator_trusts_them() -> None:
 
 def test_a_body_with_no_uuid_costs_no_tenant_digest(monkeypatch: pytest.MonkeyPatch) -> None:
     # Most bodies have no uuid: the tenant's digests are not the hot path's to pay.
-    from pd_policy_vllm.http import tenant as module
+    from pd_policy_vllm.openai.media import tenant as module
 
     made: list[object] = []
 
@@ -259,10 +259,10 @@ def test_a_body_with_no_uuid_costs_no_tenant_digest(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(module, "request_tenant", counted)
     plain = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
-    assert module.scoped_body(plain, b"{}", "Bearer key-x", KEYS, ClientUuids.SCOPED) == (
-        plain, b"{}")  # fmt: skip
+    scoped = module.scoped_body(plain, b"{}", "Bearer key-x", keyed=True, mode=ClientUuids.SCOPED)
+    assert scoped == (plain, b"{}")
     assert made == []
     part = {"type": "image_url", "image_url": {"url": "data:,"}, "uuid": "u"}
     named = {"messages": [{"role": "user", "content": [part, part]}]}
-    _, raw = module.scoped_body(named, b"{}", "Bearer key-x", KEYS, ClientUuids.SCOPED)
+    _, raw = module.scoped_body(named, b"{}", "Bearer key-x", keyed=True, mode=ClientUuids.SCOPED)
     assert raw is None and len(made) == 1  # once for the body, however many uuids

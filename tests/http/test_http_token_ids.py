@@ -11,10 +11,10 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from pd_policy import WorkerStreamError
-from pd_policy_vllm.http import codec
-from pd_policy_vllm.http.legs import PrefillReply, read_prefill
-from pd_policy_vllm.http.request import Route
-from pd_policy_vllm.http.token_ids import TokenIds
+from pd_policy_vllm.openai.plan.legs import PrefillReply, read_prefill
+from pd_policy_vllm.openai.plan.request import Route
+from pd_policy_vllm.openai.wire import codec
+from pd_policy_vllm.openai.wire.token_ids import TokenIds
 
 scalars = st.one_of(
     st.integers(0, 2**70), st.integers(-(2**40), -1), st.booleans(), st.none(),

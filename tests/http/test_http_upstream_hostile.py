@@ -93,6 +93,13 @@ def _outcome(script: Script, limits: Limits = LIMITS) -> tuple[int, bytes] | typ
 
 _PROTOCOL: Final = UpstreamProtocolError
 HOSTILE: Final = {
+    # llhttp skips blank lines before a status line (a server's leniency for requests).
+    "a blank line before the status line": [b"\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx"],
+    "a status line split after a blank line": [
+        b"\n",
+        0.01,
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx",
+    ],
     "negative chunk size": [_CHUNKED + b"-1\r\nab\r\n0\r\n\r\n"],
     "signed chunk size": [_CHUNKED + b"+2\r\nab\r\n0\r\n\r\n"],
     "0x chunk size": [_CHUNKED + b"0x2\r\nab\r\n0\r\n\r\n"],
@@ -209,7 +216,7 @@ def test_the_event_loop_runs_while_a_worker_misbehaves() -> None:
 
 def test_the_typed_errors_are_the_ones_the_legs_map_to_502_and_504() -> None:
     # relay.failed_leg reads these classes: a change here must show there.
-    from pd_policy_vllm.http.relay import failed_leg
+    from pd_policy_vllm.http.calls import failed_leg
 
     assert failed_leg("prefill", UpstreamTimeout("silent")).status == 504
     assert failed_leg("prefill", UpstreamProtocolError("bad")).status == 502

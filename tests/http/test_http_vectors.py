@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pd_policy import DecodeForm
-from pd_policy_vllm.http import vectors
+from pd_policy_vllm.openai.tools import vectors
 
 COMMITTED = Path(__file__).resolve().parents[1] / "vectors" / "pd-policy-http-vectors.json"
 

@@ -29,8 +29,8 @@ from pd_policy_ray.legs import (
     prefill_kv,
     rendered_plan,
 )
-from pd_policy_vllm.http.request import Route
-from pd_policy_vllm.http.scale_out import GENERATE
+from pd_policy_vllm.openai.plan.request import Route
+from pd_policy_vllm.openai.plan.scale_out import GENERATE
 
 LM_ONLY = WorkerCapability(Support.FALSE)
 VISION = WorkerCapability(Support.TRUE)

@@ -1,7 +1,7 @@
 """The docs tables, rendered from the code so the docs cannot drift from it.
 
-``docs/decisions.md``, ``docs/epd.md``, ``docs/errors.md`` and ``docs/grpc.md`` hold these
-tables between
+``docs/decisions.md``, ``docs/epd.md``, ``docs/errors.md``, ``docs/grpc.md`` and
+``docs/architecture.md`` hold these tables between
 ``<!-- BEGIN GENERATED: name -->`` and ``<!-- END GENERATED: name -->``
 markers; a test checks that they are current and ``pd-policy tables --write``
 rewrites them.
@@ -19,6 +19,7 @@ from pd_policy.decision import DecodeForm, sequential_pd_decode_form
 from pd_policy.encoder_cache import encoder_outputs
 from pd_policy.epd import PrefillForm, encoder_consumer_leg, needs_encode_leg
 from pd_policy.errors import PolicyError
+from pd_policy.exchange_states import TRANSITIONS, Phase
 from pd_policy.handoff_fields import REQUIRED_KV_FIELDS
 from pd_policy.mrope import has_mrope_grids
 from pd_policy.request import Request
@@ -27,7 +28,14 @@ from pd_policy.worker import Support, WorkerCapability
 
 from .scenarios import image_request, media_ref_request, mrope_request, text_request
 
-__all__ = ["TABLES", "decision_table", "epd_table", "error_table", "splice"]
+__all__ = [
+    "TABLES",
+    "decision_table",
+    "epd_table",
+    "error_table",
+    "exchange_table",
+    "splice",
+]
 
 _WORKERS: Final = (
     ("vision-capable (`true`)", WorkerCapability(Support.TRUE)),
@@ -176,12 +184,45 @@ def error_table() -> str:
     return "\n".join(lines)
 
 
+def exchange_table() -> str:
+    """The exchange's phases and the events each takes, from its transition table: the
+    phases in the order a request meets them, then each edge."""
+    final = (Phase.DONE, Phase.FAILED)
+    path = " ─▶ ".join(p.value for p in Phase if p not in final) + f" ─▶ {Phase.DONE.value}"
+    retried = sorted(
+        {
+            kind.__name__
+            for p, events in TRANSITIONS.items()
+            for kind, to in events.items()
+            if Phase.PLANNING in to and p is not Phase.NEW
+        }
+    )
+    lines = [
+        "```",
+        path,
+        f"  a retry ({', '.join(retried)}) ─▶ {Phase.PLANNING.value}; any phase ─▶ "
+        f"{Phase.FAILED.value}",
+        "```",
+        "",
+        "| phase | event | leads to |",
+        "|---|---|---|",
+    ]
+    for phase, events in TRANSITIONS.items():
+        if not events:
+            lines.append(f"| `{phase.value}` | (final) | |")
+        for kind, to in events.items():
+            ordered = ", ".join(f"`{p.value}`" for p in Phase if p in to)
+            lines.append(f"| `{phase.value}` | `{kind.__name__}` | {ordered} |")
+    return "\n".join(lines)
+
+
 #: Every generated table, by the name its markers use.
 TABLES: Final[dict[str, Callable[[], str]]] = {
     "connectors": connector_table,
     "decisions": decision_table,
     "epd": epd_table,
     "errors": error_table,
+    "exchange": exchange_table,
 }
 
 

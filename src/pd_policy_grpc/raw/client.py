@@ -18,15 +18,14 @@ from typing import Any, Final
 
 import grpc
 from pd_policy import DecodeCandidate, plan_kv_handoff, select_decode_workers
+from pd_policy.exchange import one_pair
+from pd_policy.exchange_events import HandoffCheck, KvFacts
 from pd_policy_grpc.calls import PdCalls
-from pd_policy_grpc.raw.legs import (
-    apply_kv_handoff,
-    build_decode_leg,
-    ensure_kv_handoff,
-    prefill_leg,
-    relay_kv,
-)
+from pd_policy_grpc.driver import PairAttempt, drive
+from pd_policy_grpc.raw.legs import apply_kv_handoff, build_decode_leg, prefill_leg, relay_kv
 from pd_policy_grpc.raw.reader import RawRequest, read_request
+from pd_policy_grpc.raw.splice import RawLeg
+from pd_policy_grpc.view import has_mm_inputs
 from pd_policy_grpc.wire import pb
 
 __all__ = ["BytesStub", "SequentialPdBytes"]
@@ -63,6 +62,33 @@ class SequentialPdBytes(PdCalls):
     def _prefill_response(item: Any) -> pb.GenerateResponse:
         return pb.GenerateResponse.FromString(item)
 
+    def attempt(self, request: RawRequest) -> PairAttempt[RawLeg]:
+        """The attempt at a read ``request``, as
+        [`SequentialPd.attempt`][pd_policy_grpc.client.SequentialPd.attempt] makes it."""
+        chosen = self.choose(request)
+        form, leg = build_decode_leg(request, chosen.worker)
+        handoff = plan_kv_handoff(self.kv, n=request.n)
+        check = HandoffCheck(form, has_mm_inputs(request.skeleton), handoff.mode)
+        stub = self._stubs[id(chosen.handle)]
+        leg = apply_kv_handoff(leg, handoff)
+        return PairAttempt(leg, stub, handoff.runs_prefill, check, handoff)
+
+    def handoff_of(self, attempt: PairAttempt[RawLeg]) -> KvFacts:
+        """The handoff the attempt's decode leg carries now."""
+        return KvFacts(*attempt.leg.kv_handoff_facts())
+
+    async def prefill(self, request: RawRequest, attempt: PairAttempt[RawLeg]) -> None:
+        """The sanitised prefill leg, and what it returned relayed."""
+        handoff = attempt.handoff
+        leg = bytes(prefill_leg(request, handoff))
+        complete = await self._run_prefill(leg, request.skeleton.request_id)
+        if handoff.relays:
+            attempt.leg = relay_kv(attempt.leg, complete)
+
+    def decode(self, request: RawRequest, attempt: PairAttempt[RawLeg]) -> AsyncGenerator[bytes]:
+        """The decode leg's responses, as the worker serialized them."""
+        return self._stream_decode(attempt.decode, bytes(attempt.leg), request.skeleton.request_id)
+
     async def generate(self, data: bytes | RawRequest) -> AsyncGenerator[bytes]:
         """Serve a serialized request (or one already read); yields the decode responses'
         bytes.
@@ -72,20 +98,7 @@ class SequentialPdBytes(PdCalls):
         [`SequentialPd.generate`][pd_policy_grpc.client.SequentialPd.generate] raises.
         """
         request = data if isinstance(data, RawRequest) else read_request(data)
-        chosen = self.choose(request)
-        decode = self._stubs[id(chosen.handle)]
-        form, leg = build_decode_leg(request, chosen.worker)
-        handoff = plan_kv_handoff(self.kv, n=request.n)
-        leg = apply_kv_handoff(leg, handoff)
-        request_id = request.skeleton.request_id
-        if handoff.runs_prefill:
-            complete = await self._run_prefill(bytes(prefill_leg(request, handoff)), request_id)
-            if handoff.relays:
-                leg = relay_kv(leg, complete)
-        ensure_kv_handoff(request, form, leg, handoff.mode)
-        async with contextlib.aclosing(
-            self._stream_decode(decode, bytes(leg), request_id)
-        ) as stream:
+        async with contextlib.aclosing(drive(request, self.own, one_pair())) as stream:
             async for response in stream:
                 yield response
 

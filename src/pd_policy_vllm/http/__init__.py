@@ -1,23 +1,38 @@
-"""The policy over vLLM's OpenAI-compatible HTTP server, and a P/D proxy users run.
+"""``pd-policy-proxy``: the P/D proxy users run in front of ``vllm serve`` workers, on
+``aiohttp`` (the ``http`` extra).
 
-- [`request`][pd_policy_vllm.http.request], [`media`][pd_policy_vllm.http.media],
-  [`legs`][pd_policy_vllm.http.legs]: pure shaping of request and response
-  bodies, for any proxy to call (no I/O).
-- [`workers`][pd_policy_vllm.http.workers]: what a worker's server says about it.
-- [`proxy`][pd_policy_vllm.http.proxy] and ``pd-policy-proxy``
-  ([`cli`][pd_policy_vllm.http.cli]): the proxy, on ``aiohttp``.
+- [`proxy`][pd_policy_vllm.http.proxy]: the server, its routes and its front door;
+  [`driver`][pd_policy_vllm.http.driver] drives each request's
+  [`Exchange`][pd_policy.exchange.Exchange] with the I/O its actions ask for;
+- [`upstream`][pd_policy_vllm.http.upstream]: the legs' client;
+- [`fleet`][pd_policy_vllm.http.fleet]: the workers, their health, probes, placement,
+  metrics and the admin routes;
+- [`media`][pd_policy_vllm.http.media]: remote media fetched by the proxy;
+- [`cli`][pd_policy_vllm.http.cli]: the command.
 
-Install with the ``http`` extra. Importing the shaping modules needs no
-``aiohttp``; the proxy and the CLI do.
+The shaping of the bodies is [`pd_policy_vllm.openai`][pd_policy_vllm.openai], which
+imports no server. Its names are exported here too, where routers imported them before
+it was a package of its own.
 """
 
 from __future__ import annotations
 
-from .legs import Leg, PrefillReply, decode_body, prefill_body, read_prefill
-from .media import TEXT_PART_TYPES, MediaPart, media_parts, without_media
-from .plan import Plan, decode_leg, plan_request
-from .request import CACHE_SALT_LIMIT, Route, check_cache_salt, policy_request
-from .workers import (
+from pd_policy_vllm.openai.media.parts import TEXT_PART_TYPES, MediaPart, media_parts, without_media
+from pd_policy_vllm.openai.plan.legs import (
+    Leg,
+    PrefillReply,
+    decode_body,
+    prefill_body,
+    read_prefill,
+)
+from pd_policy_vllm.openai.plan.request import (
+    CACHE_SALT_LIMIT,
+    Route,
+    check_cache_salt,
+    policy_request,
+)
+from pd_policy_vllm.openai.plan.steps import Plan, decode_leg, plan_request
+from pd_policy_vllm.openai.workers import (
     HttpWorker,
     capability_from_config,
     engine_facts_from_config,

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from pd_policy import InvalidConfiguration
+from pd_policy_vllm.openai.media.tenant import bearer
 
 __all__ = ["ADMIN_KEYS_ENV", "CLIENT_KEYS_ENV", "WORKER_KEY_ENV", "Keys", "bearer", "for_url",
            "key_id", "read_keys"]  # fmt: skip
@@ -33,7 +34,6 @@ WORKER_KEY_ENV: Final = "PD_POLICY_WORKER_API_KEY"
 CLIENT_KEYS_ENV: Final = "PD_POLICY_API_KEYS"
 #: The environment variable the admins' keys are read from (comma-separated).
 ADMIN_KEYS_ENV: Final = "PD_POLICY_ADMIN_API_KEYS"
-_BEARER: Final = "bearer "
 
 
 def _hidden(value: object) -> str:
@@ -44,14 +44,6 @@ def key_id(key: str) -> str:
     """The name a key is logged by: the first 8 hex digits of its SHA-256, which say which
     key it was (``printf %s "$KEY" | sha256sum | cut -c1-8``) and not what it is."""
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-
-
-def bearer(authorization: str | None) -> str | None:
-    """The key an ``Authorization: Bearer`` header presents; ``None`` for another scheme
-    or no header."""
-    if not authorization or authorization[: len(_BEARER)].lower() != _BEARER:
-        return None
-    return authorization[len(_BEARER) :].strip()
 
 
 def _matching(authorization: str | None, keys: Sequence[str]) -> str | None:

@@ -35,10 +35,9 @@ from pd_policy import (
     HealthPolicy,
     InvalidConfiguration,
 )
-
-from .aio import access_logger, aiohttp, web
-from .auth import Keys, read_keys
-from .flags import (
+from pd_policy_vllm.http.aio import access_logger, aiohttp, web
+from pd_policy_vllm.http.auth import Keys, read_keys
+from pd_policy_vllm.http.flags import (
     admin_hosts,
     client_uuids,
     front_door,
@@ -47,14 +46,14 @@ from .flags import (
     parser,
     upstream_limits,
 )
-from .fleet.allowed_hosts import AllowedHosts
-from .fleet.describe import OperatorSays, describe
-from .fleet.members import Fleet
-from .fleet.probe import Probe
-from .fleet.routing import decode_capability
-from .pin import RemoteMedia
-from .proxy import Proxy
-from .workers import HttpWorker
+from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts
+from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
+from pd_policy_vllm.http.fleet.members import Fleet
+from pd_policy_vllm.http.fleet.probe import Probe
+from pd_policy_vllm.http.fleet.routing import decode_capability
+from pd_policy_vllm.http.media.fetch import RemoteMedia
+from pd_policy_vllm.http.proxy import Proxy
+from pd_policy_vllm.openai.workers import HttpWorker
 
 __all__ = ["main", "parser", "read_encoder", "read_fleet", "read_workers"]
 
@@ -118,7 +117,7 @@ async def read_fleet(args: argparse.Namespace, keys: Keys | None = None) -> Flee
                            ("encode", args.encode)):  # fmt: skip
             for url in urls:
                 worker = await _described(session, url, role, says, keys, deadline)
-                fleet.add(role, worker, healthy=True)
+                fleet.add(role, worker)
     _check_epd(fleet)
     return fleet
 
@@ -248,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             admin=args.admin, admin_hosts=hosts, log_requests=args.access_log,
             front_door=front_door(args), limits=upstream_limits(args),
             client_uuids=client_uuids(args), media_limits=media_limits(args),
+            request_timeout=args.request_timeout,
         )  # fmt: skip
 
     if args.processes > 1:

@@ -5,7 +5,7 @@ Three, because they are trusted differently: the workers' session (descriptions,
 [`Upstream`][pd_policy_vllm.http.upstream.Upstream] (bounded by its
 [`Limits`][pd_policy_vllm.http.upstream.Limits]), and the media session, whose guard
 refuses the private addresses the workers are on
-([`media_session`][pd_policy_vllm.http.media_guard.media_session]).
+([`media_session`][pd_policy_vllm.http.media.guard.media_session]).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Sequence
 
 import attrs
 
-from .aio import aiohttp
-from .media_guard import MediaLimits, media_session
-from .upstream import Limits, Observer, Upstream
+from pd_policy_vllm.http.aio import aiohttp
+from pd_policy_vllm.http.media.guard import MediaLimits, media_session
+from pd_policy_vllm.http.upstream import Limits, Observer, Upstream
 
 __all__ = ["Clients", "open_clients"]
 

@@ -15,14 +15,18 @@ import ipaddress
 from pathlib import Path
 
 from pd_policy import Balance, ClientUuids, KvConnectorMode
-
-from .body import MAX_BODY
-from .fleet.allowed_hosts import AllowedHosts, allowed_hosts
-from .fleet.describe import CAPABILITIES, OperatorSays
-from .front_door import BODY_TIMEOUT, HEADER_TIMEOUT, FrontDoor
-from .media_guard import MEDIA_MAX_BYTES, MEDIA_MAX_REDIRECTS, MEDIA_TIMEOUT, MediaLimits
-from .pin import RemoteMedia
-from .upstream import DEFAULT_LIMITS, Limits
+from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts, allowed_hosts
+from pd_policy_vllm.http.fleet.describe import CAPABILITIES, OperatorSays
+from pd_policy_vllm.http.front_door import BODY_TIMEOUT, HEADER_TIMEOUT, FrontDoor
+from pd_policy_vllm.http.media.fetch import RemoteMedia
+from pd_policy_vllm.http.media.guard import (
+    MEDIA_MAX_BYTES,
+    MEDIA_MAX_REDIRECTS,
+    MEDIA_TIMEOUT,
+    MediaLimits,
+)
+from pd_policy_vllm.http.upstream import DEFAULT_LIMITS, Limits
+from pd_policy_vllm.openai.wire.body import MAX_BODY
 
 __all__ = [
     "admin_hosts",
@@ -185,6 +189,9 @@ def parser() -> argparse.ArgumentParser:
         "(75)")  # fmt: skip
     add("--body-timeout", type=_positive, default=BODY_TIMEOUT,
         help="seconds a client has to send a request's whole body: a 408 after (300)")  # fmt: skip
+    add("--request-timeout", type=_positive, default=None,
+        help="seconds a whole request may take, its retries included: a 504 after, or the "
+        "stream's last event once it has begun (none)")  # fmt: skip
     add("--worker-read-timeout", type=_positive, default=DEFAULT_LIMITS.read_timeout,
         help="seconds a leg waits for a worker's answer, and its longest silence in one: "
         "a 504 after (600; a long prefill is not a fault)")  # fmt: skip

@@ -1,5 +1,10 @@
-"""The front door's limits on a client: how large its body may be, and how long it may take
-to send its request.
+"""The front door: what a client's request must pass to get in, and what it is once in.
+
+[`admit`][pd_policy_vllm.http.front_door.admit] checks the client's key (a 401, reading
+nothing, when keys are set and it has none of them), reads its body within the limits
+below, parses it (a chat body with its data URLs left in its bytes), scopes its media
+uuids to its tenant, and, for the Responses API, makes its chat equivalent: an
+[`Incoming`][pd_policy_vllm.http.front_door.Incoming] request, or a typed refusal.
 
 A client that trickles its request holds a connection, and the memory of what it sent,
 for as long as the proxy waits for it (slowloris). So each part of a request has a
@@ -17,24 +22,39 @@ deadline:
 - its size: ``max_body`` bytes, a 413 above (before it is read, when it declares its
   length).
 
-Refusals are the OpenAI error body of [`BodyTooLarge`][pd_policy.client_errors.BodyTooLarge]
-and [`ClientTooSlow`][pd_policy.client_errors.ClientTooSlow].
+Refusals are the OpenAI error body of the error, with its status and error-code header
+([`refusal`][pd_policy_vllm.http.front_door.refusal]).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
 
-from pd_policy import BodyTooLarge, ClientTooSlow, PolicyError
+from pd_policy import BodyTooLarge, ClientTooSlow, ClientUuids, PolicyError, Unauthorized
+from pd_policy_vllm.http.aio import web
+from pd_policy_vllm.http.auth import Keys
+from pd_policy_vllm.openai.media.tenant import scoped_body
+from pd_policy_vllm.openai.plan.legs import Leg
+from pd_policy_vllm.openai.plan.request import Route
+from pd_policy_vllm.openai.plan.responses import RESPONSES, chat_equivalent, responses_decode_leg
+from pd_policy_vllm.openai.wire.body import MAX_BODY, read_body, too_large
+from pd_policy_vllm.openai.wire.codec import loads
+from pd_policy_vllm.openai.wire.skim import skim
 
-from .aio import web
-from .body import MAX_BODY
-from .relay import error_response
-
-__all__ = ["BODY_TIMEOUT", "HEADER_TIMEOUT", "FrontDoor", "refusal"]
-
+__all__ = [
+    "BODY_TIMEOUT",
+    "HEADER_TIMEOUT",
+    "AiohttpBody",
+    "FrontDoor",
+    "Incoming",
+    "admit",
+    "error_response",
+    "refusal",
+]
 #: Seconds for a request's head, by default: generous for any client, and above the idle
 #: timeouts balancers close their own connections at (60 s for most).
 HEADER_TIMEOUT: Final = 75.0
@@ -62,6 +82,11 @@ class FrontDoor:
         return {"keepalive_timeout": self.header_timeout}
 
 
+def error_response(error: PolicyError) -> web.Response:
+    """The OpenAI error body of ``error``, with its status and error-code header."""
+    return web.json_response(error.to_body(), status=error.status, headers=error.headers())
+
+
 async def refusal(request: web.Request, error: PolicyError) -> web.StreamResponse:
     """The client's answer for ``error``. A body too large ends its connection (the rest of
     it is not wanted); a client too slow gets its answer at once and the connection is
@@ -79,3 +104,78 @@ async def refusal(request: web.Request, error: PolicyError) -> web.StreamRespons
     if request.transport is not None:
         request.transport.close()
     return response
+
+
+class AiohttpBody:
+    """``aiohttp``'s request body as a
+    [`BodySource`][pd_policy_vllm.openai.wire.body.BodySource]."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+
+    @property
+    def declared(self) -> int | None:
+        # A compressed body is decompressed by the server: its length is known at its end.
+        if "Content-Encoding" in self._request.headers:
+            return None
+        return self._request.content_length
+
+    async def chunk(self) -> bytes:
+        return await self._request.content.readany()
+
+    async def whole(self, limit: int) -> bytes:
+        # The application's client_max_size is the door's max_body: the server refuses more.
+        try:
+            return await self._request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise too_large(limit) from None
+
+
+@attrs.frozen(slots=True)
+class Incoming:
+    """A client's request, admitted: its id, the ``route`` it is planned as and the
+    ``path`` it came on, its ``body`` (parsed; its uuids scoped), the client's bytes a
+    prefill leg may be spliced from (``raw``: ``None`` once the body was changed), whether
+    it streams, and for another API planned as chat (the Responses API) how its decode leg
+    is made of the chat one (``translate``)."""
+
+    request_id: str
+    route: Route
+    path: str
+    body: Any
+    raw: bytes | None
+    stream: bool
+    translate: Callable[[Leg, bool], Leg] | None = None
+
+
+async def admit(
+    request: web.Request,
+    route: Route,
+    request_id: str,
+    door: FrontDoor,
+    keys: Keys,
+    uuids: ClientUuids,
+    *,
+    served_as: str | None = None,
+) -> Incoming:
+    """The request ``request_id``, admitted (see the module docs); ``served_as`` is the
+    client's route when it is another API planned as ``route``. Raises
+    [`Unauthorized`][pd_policy.errors.Unauthorized] (401) before reading anything, and
+    the refusals of reading and parsing the body (413, 408, 400)."""
+    authorization = request.headers.get("Authorization")
+    if not keys.admits(authorization):
+        raise Unauthorized()
+    raw = await read_body(AiohttpBody(request), door.max_body, door.body_timeout)
+    # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
+    body = skim(raw) if route is Route.CHAT and served_as is None else loads(raw)
+    stream = isinstance(body, dict) and bool(body.get("stream"))
+    keyed = bool(keys.clients)
+    body, spliceable = scoped_body(body, raw, authorization, keyed=keyed, mode=uuids)
+    translate = None
+    if served_as == RESPONSES:
+        # Planned as its chat equivalent (what vLLM renders it as); its decode leg is the
+        # client's own request, with what the chat leg carries.
+        translate = functools.partial(responses_decode_leg, body)
+        body, spliceable = chat_equivalent(body), None
+    path = served_as or route.value
+    return Incoming(request_id, route, path, body, spliceable, stream, translate)

@@ -1,72 +1,58 @@
 """An OpenAI-compatible P/D proxy in front of a fleet of ``vllm serve`` workers, with the
 policy applied.
 
-It serves ``POST /v1/chat/completions`` and ``POST /v1/completions`` through a
-prefill worker and a decode worker (and an encoder, in E/P/D) it chooses per request
-from its fleet, ``GET /v1/models``, ``GET /health`` and ``GET /metrics``, and with
-``admin`` the fleet's routes (``/admin/workers``). On ``aiohttp``, a vLLM dependency.
+It serves ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``POST
+/v1/responses`` through a prefill worker and a decode worker (and an encoder, in E/P/D)
+chosen per attempt from its fleet, ``GET /v1/models``, ``GET /health`` and ``GET
+/metrics``, and with ``admin`` the fleet's routes (``/admin/workers``). On ``aiohttp``, a
+vLLM dependency.
 
-Per request: the client's key is checked (when keys are set); the fleet chooses the
-members ([`choose_members`][pd_policy_vllm.http.fleet.routing.choose_members]: compatible,
-routable, affinity or load); the attempt runs the legs before decode
-([`Attempt`][pd_policy_vllm.http.attempt.Attempt]); the decode leg is relayed to the
-client. A failure before the client has seen a byte is tried again on other members
-when the core's lifecycle says so ([`pd_policy.fail`][pd_policy.lifecycle.fail]): a
-worker's 5xx or an unreachable worker, never a refusal. Such a failure also counts
-against the member's health; a success clears it. Every refusal is an OpenAI error body
-with the error-code header. A client that disconnects cancels both legs.
+Per request: the front door admits it
+([`admit`][pd_policy_vllm.http.front_door.admit]: the client's key, its body within the
+limits, its uuids scoped to its tenant), and the driver runs its
+[`Exchange`][pd_policy.exchange.Exchange]
+([`Driver`][pd_policy_vllm.http.driver.Driver]): the members of each attempt, its legs in
+order, the handoff checked before the decode, a failure tried again on other members
+while the client has seen nothing and the exchange allows, the decode relayed to the
+client. Every refusal is an OpenAI error body with the error-code header. A client that
+disconnects cancels every leg.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
-from pd_policy import (
-    ClientUuids,
-    NoWorkerAvailable,
-    PolicyError,
-    RequestLife,
-    Stage,
-    Unauthorized,
-    done,
-    fail,
-    responding,
-)
-
-from .aio import aiohttp, web
-from .attempt import Attempt
-from .auth import Keys
-from .body import read_body
-from .clients import Clients, open_clients
-from .codec import loads
-from .fleet.admin import add_admin_routes
-from .fleet.allowed_hosts import AllowedHosts
-from .fleet.members import Fleet
-from .fleet.metrics import CONTENT_TYPE, Metrics
-from .fleet.models import fleet_models
-from .fleet.probe import Probe, probing
-from .fleet.routing import Choice, choose_members
-from .front_door import FrontDoor, refusal
-from .legs import Leg
-from .media_guard import MediaLimits
-from .pin import RemoteMedia
-from .relay import REQUEST_ID_HEADER, error_response, relay_decode
-from .request import Route
-from .request_log import log_request
-from .responses import RESPONSES, chat_equivalent, responses_decode_leg
-from .skim import skim
-from .tenant import scoped_body
-from .upstream import DEFAULT_LIMITS, Limits, Observer
-from .workers import HttpWorker
+from pd_policy import ClientUuids, PolicyError, Unauthorized
+from pd_policy_vllm.http.aio import aiohttp, web
+from pd_policy_vllm.http.auth import Keys
+from pd_policy_vllm.http.calls import REQUEST_ID_HEADER
+from pd_policy_vllm.http.clients import Clients, open_clients
+from pd_policy_vllm.http.driver import Driver
+from pd_policy_vllm.http.fleet.admin import Admin, add_admin_routes
+from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts
+from pd_policy_vllm.http.fleet.describe import OperatorSays
+from pd_policy_vllm.http.fleet.members import Fleet
+from pd_policy_vllm.http.fleet.metrics import CONTENT_TYPE, Metrics
+from pd_policy_vllm.http.fleet.models import fleet_models
+from pd_policy_vllm.http.fleet.probe import Probe, probing
+from pd_policy_vllm.http.front_door import FrontDoor, admit, error_response, refusal
+from pd_policy_vllm.http.media.fetch import RemoteMedia
+from pd_policy_vllm.http.media.guard import MediaLimits
+from pd_policy_vllm.http.planning import Planning
+from pd_policy_vllm.http.request_log import log_request
+from pd_policy_vllm.http.upstream import DEFAULT_LIMITS, Limits, Observer
+from pd_policy_vllm.openai.plan.request import Route
+from pd_policy_vllm.openai.plan.responses import RESPONSES
+from pd_policy_vllm.openai.workers import HttpWorker
 
 __all__ = ["REQUEST_ID_HEADER", "Proxy"]
 
 _CLIENTS: Final = web.AppKey("clients", Clients)
+_DRIVER: Final = web.AppKey("driver", Driver)
 
 
 class Proxy:
@@ -75,7 +61,7 @@ class Proxy:
 
     ``mrope``: the served model's positions are M-RoPE. ``remote_media``: what to do
     with a remote media URL the client did not name
-    ([`RemoteMedia`][pd_policy_vllm.http.pin.RemoteMedia]; by default, fetch it once
+    ([`RemoteMedia`][pd_policy_vllm.http.media.fetch.RemoteMedia]; by default, fetch it once
     when the chosen prefill's media rules are known, else leave it uncached).
     ``keys``: the workers' key and the clients'. ``attempts``: how many times a request
     may be tried in all. ``probe``: how the fleet is probed (``None``: not at all).
@@ -90,8 +76,10 @@ class Proxy:
     bounds on the workers' answers ([`Limits`][pd_policy_vllm.http.upstream.Limits]).
     ``client_uuids``: a client's media ``uuid`` is scoped to its tenant, or trusted
     ([`ClientUuids`][pd_policy.uuid_scope.ClientUuids]). ``media_limits``: the proxy's own
-    limits on a media fetch ([`MediaLimits`][pd_policy_vllm.http.media_guard.MediaLimits]:
-    public hosts only, by default), over a session of its own.
+    limits on a media fetch ([`MediaLimits`][pd_policy_vllm.http.media.guard.MediaLimits]:
+    public hosts only, by default), over a session of its own. ``request_timeout``: the
+    seconds a whole request may take, its retries included (``None``: no limit; past it,
+    a 504 ``pd_request_timeout``, or the stream's last event once it has begun).
 
     Raises ``ValueError`` without a fleet or a pair, for ``admin`` with no admin key, and
     for ``RemoteMedia.FETCH`` with a prefill whose media rules are unknown (the proxy
@@ -119,6 +107,7 @@ class Proxy:
         limits: Limits = DEFAULT_LIMITS,
         client_uuids: ClientUuids = ClientUuids.SCOPED,
         media_limits: MediaLimits | None = None,
+        request_timeout: float | None = None,
     ) -> None:
         self.metrics = Metrics()
         if fleet is None:
@@ -143,6 +132,9 @@ class Proxy:
         self.limits = limits
         self.client_uuids = client_uuids
         self.media_limits = media_limits if media_limits is not None else MediaLimits()
+        if request_timeout is not None and not request_timeout > 0:
+            raise ValueError("request_timeout must be positive")
+        self.request_timeout = request_timeout
         self.draining = False
 
     def app(self) -> web.Application:
@@ -155,18 +147,35 @@ class Proxy:
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         if self.admin:
-            add_admin_routes(app, self)
+            says = self.probe.says if self.probe is not None else OperatorSays()
+            admin = Admin(self.fleet, self.keys, self.admin_hosts, says, self.session)
+            add_admin_routes(app, admin)
         app.cleanup_ctx.append(self._session)
         app.on_shutdown.append(self._drain)
         return app
 
     async def _session(self, app: web.Application) -> Any:
-        async with open_clients(self.limits, self.media_limits, self.observers,
-                                self.trace_configs) as clients:  # fmt: skip
+        async with open_clients(
+            self.limits, self.media_limits, self.observers, self.trace_configs
+        ) as clients:
             app[_CLIENTS] = clients
             headers = self.keys.worker_headers()
-            probes = (contextlib.nullcontext() if self.probe is None
-                      else probing(self.fleet, clients.workers, self.probe, headers))  # fmt: skip
+            planning = Planning(self.mrope, self.remote_media, self.media_limits, clients.media)
+            app[_DRIVER] = Driver(
+                self.fleet,
+                planning,
+                clients.legs,
+                self.metrics,
+                headers=headers,
+                attempts=self.attempts,
+                deadline=self.request_timeout,
+                log=self.log_requests,
+            )
+            probes = (
+                contextlib.nullcontext()
+                if self.probe is None
+                else probing(self.fleet, clients.workers, self.probe, headers)
+            )
             async with probes:
                 yield
 
@@ -175,6 +184,7 @@ class Proxy:
         self.draining = True
 
     def session(self, request: web.Request) -> aiohttp.ClientSession:
+        """The session the proxy calls its workers with (descriptions, probes, models)."""
         return request.app[_CLIENTS].workers
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -191,16 +201,9 @@ class Proxy:
             body=self.metrics.render(self.fleet), headers={"Content-Type": CONTENT_TYPE}
         )
 
-    def admitted(self, request: web.Request) -> web.Response | None:
-        """``None`` when the client may call; else the 401 it gets (no worker is called)."""
-        if self.keys.admits(request.headers.get("Authorization")):
-            return None
-        return error_response(Unauthorized())
-
     async def _models(self, request: web.Request) -> web.Response:
-        refused = self.admitted(request)
-        if refused is not None:
-            return refused
+        if not self.keys.admits(request.headers.get("Authorization")):
+            return error_response(Unauthorized())
         return await fleet_models(self.session(request), self.fleet, self.keys.worker_headers())
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -220,89 +223,16 @@ class Proxy:
         """Serve one client request on ``route``; ``served_as`` is the client's route when
         it is another API that is planned as ``route`` (the Responses API, as chat)."""
         arrived = time.monotonic()
-        path = served_as or route.value
         request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
-        refused = self.admitted(request)
-        if refused is not None:
-            self._done(path, None, "pd_unauthorized", None, 1, request_id, refused.status, arrived,
-                       counted=False)  # fmt: skip
-            return refused
-        translate: Callable[[Leg, bool], Leg] | None = None
+        door, keys, uuids = self.front_door, self.keys, self.client_uuids
         try:
-            door = self.front_door
-            raw = await read_body(request, door.max_body, door.body_timeout)
-            # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
-            body = skim(raw) if route is Route.CHAT and served_as is None else loads(raw)
-            stream = isinstance(body, dict) and bool(body.get("stream"))
-            authorization = request.headers.get("Authorization")
-            body, spliced = scoped_body(body, raw, authorization, self.keys, self.client_uuids)
-            if served_as == RESPONSES:
-                translate = functools.partial(responses_decode_leg, body)
-                body = chat_equivalent(body)
+            incoming = await admit(
+                request, route, request_id, door, keys, uuids, served_as=served_as
+            )
         except PolicyError as exc:
-            self._done(path, None, exc.code, None, 1, request_id, exc.status, arrived,
-                       counted=False)  # fmt: skip
+            # Refused at the door, before any plan: logged, not counted by form.
+            if self.log_requests:
+                path = served_as or route.value
+                log_request(request_id, path, None, None, exc.status, exc.code, 1, arrived)
             return await refusal(request, exc)
-        upstream = request.app[_CLIENTS].legs
-        attempt = Attempt(request.app[_CLIENTS].media, upstream, self.keys.worker_headers(),
-                          self.metrics, self.mrope, self.remote_media,
-                          self.media_limits)  # fmt: skip
-        life = RequestLife(attempts=self.attempts)
-        last: PolicyError | None = None
-        while True:
-            choice: Choice | None = None
-            form = "-"
-            try:
-                choice = choose_members(self.fleet, body, route, mrope=self.mrope,
-                                        exclude=life.failed_on, request_id=request_id)  # fmt: skip
-                for member in choice.members:
-                    member.outstanding += 1
-                try:
-                    prepared = await attempt.prepare(life, body, route, request_id, choice,
-                                                     translate, spliced)  # fmt: skip
-                    form = prepared.plan.form.value
-                    life = prepared.life
-                    relayed = await relay_decode(
-                        request, upstream, choice.decode.worker.url, prepared.leg,
-                        request_id, stream=stream,
-                        headers=self.keys.worker_headers(),
-                    )  # fmt: skip
-                finally:
-                    for member in choice.members:
-                        member.outstanding -= 1
-            except PolicyError as exc:
-                if last is not None and isinstance(exc, NoWorkerAvailable):
-                    # No other worker to try: the client gets the failure that made it try.
-                    exc = last
-                last = exc
-                blamed = choice.blame(self.fleet, exc) if choice is not None else None
-                life = fail(life, exc, blamed.name if blamed is not None else None)
-                if life.stage is Stage.PLANNING:
-                    self.metrics.retries.labels(getattr(exc, "leg", "plan")).inc()
-                    continue
-                self._done(
-                    path, form, exc.code, choice, life.attempt, request_id, exc.status, arrived
-                )
-                return error_response(exc)
-            self.metrics.ttft.observe(relayed.first_byte - arrived)
-            self.metrics.decode_bytes.observe(relayed.sent)
-            life = responding(life)
-            if relayed.late_error is not None:
-                choice.blame(self.fleet, relayed.late_error)
-                life = fail(life, relayed.late_error, choice.decode.name)
-                code = relayed.late_error.code
-                self._done(path, form, code, choice, life.attempt, request_id, 200, arrived)
-                return relayed.response
-            for member in choice.members:
-                self.fleet.succeeded(member)
-            self._done(path, form, "ok", choice, done(life).attempt, request_id, 200, arrived)
-            return relayed.response
-
-    def _done(
-        self, route: str, form: str | None, outcome: str, choice: Choice | None, attempts: int,
-        request_id: str, status: int, arrived: float, *, counted: bool = True,
-    ) -> None:  # fmt: skip
-        if counted:  # a request refused before it was planned has no form to count by
-            self.metrics.count_request(route, form or "-", outcome)
-        if self.log_requests:
-            log_request(request_id, route, choice, form, status, outcome, attempts, arrived)
+        return await request.app[_DRIVER].run(request, incoming, arrived)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Final
+from typing import Any, Final
 
-from .fleet.routing import Choice
+from pd_policy import Placement
 
 __all__ = ["log_request", "requests_log"]
 
@@ -20,16 +20,28 @@ requests_log: Final = logging.getLogger("pd_policy_vllm.http.requests")
 
 
 def log_request(
-    request_id: str, route: str, choice: Choice | None, form: str | None,
-    status: int, outcome: str, attempts: int, arrived: float,
-) -> None:  # fmt: skip
-    """Log the line of a request that arrived at ``arrived`` (``time.monotonic``)."""
+    request_id: str,
+    route: str,
+    placement: Placement[Any] | None,
+    form: str | None,
+    status: int,
+    outcome: str,
+    attempts: int,
+    arrived: float,
+) -> None:
+    """Log the line of a request that arrived at ``arrived`` (``time.monotonic``), whose
+    last attempt went to ``placement``."""
+    encoder = placement.encoder if placement is not None else None
     line = {
-        "request_id": request_id, "route": route, "status": status, "outcome": outcome,
-        "form": form, "attempts": attempts,
-        "prefill": choice.prefill.name if choice else None,
-        "decode": choice.decode.name if choice else None,
-        "encoder": choice.encoder.name if choice and choice.encoder else None,
+        "request_id": request_id,
+        "route": route,
+        "status": status,
+        "outcome": outcome,
+        "form": form,
+        "attempts": attempts,
+        "prefill": placement.prefill.name if placement else None,
+        "decode": placement.decode.name if placement else None,
+        "encoder": encoder.name if encoder is not None else None,
         "ms": round((time.monotonic() - arrived) * 1e3, 1),
-    }  # fmt: skip
+    }
     requests_log.info(json.dumps(line, separators=(",", ":")))

@@ -20,8 +20,8 @@ from http_fleets import PdFleet
 from http_peers import InProcessProxy, MediaHost, read_fleet
 from media_clips import audio_clip, data_url_of, input_audio
 
-from pd_policy_vllm.http.media_guard import MediaLimits
-from pd_policy_vllm.http.pin import RemoteMedia
+from pd_policy_vllm.http.media.fetch import RemoteMedia
+from pd_policy_vllm.http.media.guard import MediaLimits
 from pd_policy_vllm.http.proxy import Proxy
 
 # The media host is on 127.0.0.1, which the proxy refuses by default.

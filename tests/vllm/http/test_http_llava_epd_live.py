@@ -23,7 +23,7 @@ from llava_prompts import TEXT
 from router_side import image
 
 from pd_policy_vllm.http import Route
-from pd_policy_vllm.http.scale_out import GENERATE, RENDER
+from pd_policy_vllm.openai.plan.scale_out import GENERATE, RENDER
 
 
 @pytest.fixture(scope="module")

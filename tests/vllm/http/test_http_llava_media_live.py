@@ -27,8 +27,8 @@ from llava_prompts import TEXT
 from router_side import image
 
 from pd_policy_vllm.http import HttpWorker
-from pd_policy_vllm.http.media_guard import MediaLimits
-from pd_policy_vllm.http.pin import PINNED_MEDIA_TYPE, RemoteMedia
+from pd_policy_vllm.http.media.fetch import PINNED_MEDIA_TYPE, RemoteMedia
+from pd_policy_vllm.http.media.guard import MediaLimits
 from pd_policy_vllm.http.proxy import Proxy
 
 # The media host is on 127.0.0.1, which the proxy refuses by default.

@@ -23,7 +23,7 @@ from qwen_prompts import _WORDS, A, B
 from pd_policy import EncoderCacheRole
 from pd_policy_vllm.http.cli import read_encoder, read_workers
 from pd_policy_vllm.http.flags import parser
-from pd_policy_vllm.http.scale_out import GENERATE, RENDER
+from pd_policy_vllm.openai.plan.scale_out import GENERATE, RENDER
 
 IMAGES = {"A": A, "B": B}
 

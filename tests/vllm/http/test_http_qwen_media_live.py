@@ -26,10 +26,10 @@ from http_peers import InProcessProxy, MediaHost, data_url, http_json, read_flee
 from media_clips import data_url_of, video_clip
 from qwen_prompts import _WORDS, A, B
 
-from pd_policy_vllm.http.media_guard import MediaLimits
-from pd_policy_vllm.http.pin import RemoteMedia
+from pd_policy_vllm.http.media.fetch import RemoteMedia
+from pd_policy_vllm.http.media.guard import MediaLimits
 from pd_policy_vllm.http.proxy import Proxy
-from pd_policy_vllm.http.scale_out import DERENDER, GENERATE, RENDER
+from pd_policy_vllm.openai.plan.scale_out import DERENDER, GENERATE, RENDER
 
 # The media host is on 127.0.0.1, which the proxy refuses by default.
 LAB = MediaLimits(allow_private_hosts=True)

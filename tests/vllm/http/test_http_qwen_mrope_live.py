@@ -30,7 +30,7 @@ from pd_policy_vllm.http import HttpWorker
 from pd_policy_vllm.http.cli import read_workers
 from pd_policy_vllm.http.flags import parser
 from pd_policy_vllm.http.proxy import Proxy
-from pd_policy_vllm.http.scale_out import DERENDER, GENERATE, RENDER
+from pd_policy_vllm.openai.plan.scale_out import DERENDER, GENERATE, RENDER
 
 #: The live servers hand KV over with pd-policy's TransferConnector.
 TRANSFER_KV = PrefillKv(KvConnectorMode.TRANSFER)

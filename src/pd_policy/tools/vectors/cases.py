@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from pd_policy.batch import Modality, MultimodalBatch, PlaceholderRange
-from pd_policy.codec import request_to_json, worker_to_json
+from pd_policy.codec import worker_to_json
 from pd_policy.connectors import KvConnectorMode
 from pd_policy.handoff_fields import REQUIRED_KV_FIELDS
 from pd_policy.request import Request
@@ -18,25 +18,15 @@ from pd_policy.tools.scenarios import (
     mrope_request,
     text_request,
 )
-from pd_policy.worker import Support, WorkerCapability
 
 from .check_cases import check_cases as _check_cases
+from .exchange_cases import exchange_cases
+from .fixtures import NIXL, WORKERS, req
 from .fleet_cases import fleet_cases
 from .media_cases import media_cases
 
 __all__ = ["ADVERSARIAL", "WORKERS", "all_cases"]
 
-WORKERS: Final = {
-    "vision": WorkerCapability(Support.TRUE),
-    "unknown": WorkerCapability(Support.UNKNOWN),
-    "lm_only": WorkerCapability(Support.FALSE),
-    "lm_only_metadata": WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE),
-}
-#: What a NIXL prefill returns, complete (the fields of ``REQUIRED_KV_FIELDS[NIXL]``).
-NIXL: Final = {
-    "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "p0",
-    "remote_block_ids": [0, 1], "remote_host": "p0.local", "remote_port": 5600,
-}  # fmt: skip
 #: A complete handoff under each contract, to drop one field from at a time.
 COMPLETE_HANDOFFS: Final[dict[KvConnectorMode, dict[str, object]]] = {
     KvConnectorMode.NIXL: NIXL,
@@ -50,10 +40,6 @@ COMPLETE_HANDOFFS: Final[dict[KvConnectorMode, dict[str, object]]] = {
 
 #: Salts and hashes built to break naive encodings: separators, prefixes, NUL, non-ASCII.
 ADVERSARIAL: Final = ("a,b", "a", "b", ",", ":", "mm:", "mm1:", "a\x00b", "é", "日本", "x" * 300)
-
-
-def req(request: Request) -> dict[str, Any]:
-    return request_to_json(request)
 
 
 def grid_of(location: PayloadLocation, name: str = "image_grid_thw") -> TensorDescriptor:
@@ -292,4 +278,5 @@ def all_cases() -> list[dict[str, Any]]:
     _check_cases(add, shapes)
     media_cases(add)
     fleet_cases(add)
+    exchange_cases(add)
     return cases

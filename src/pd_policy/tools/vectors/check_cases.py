@@ -20,13 +20,13 @@ from pd_policy.tools.scenarios import (
     text_request,
 )
 
+from .fixtures import NIXL, WORKERS, req
+
 __all__ = ["check_cases"]
 
 
 def check_cases(add: Callable[..., None], shapes: Mapping[str, tuple[str, Request]]) -> None:
     """Append the cases, through ``add(case_id, description, operation, **fields)``."""
-    from .cases import NIXL, WORKERS, req
-
     lm_only = worker_to_json(WORKERS["lm_only"])
     vision = worker_to_json(WORKERS["vision"])
     ids = tuple(range(1, 41))

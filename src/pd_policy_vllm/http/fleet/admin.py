@@ -20,19 +20,22 @@ member is shown by its name (``scheme://host:port``).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import Any, Final
+
+import attrs
 
 from pd_policy import Forbidden, InvalidConfiguration, MalformedRequest, PolicyError
 from pd_policy_vllm.http.aio import aiohttp, web
-from pd_policy_vllm.http.codec import loads
+from pd_policy_vllm.http.auth import Keys
+from pd_policy_vllm.http.calls import unreachable
+from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts
 from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
-from pd_policy_vllm.http.fleet.members import ROLES, member_name
-from pd_policy_vllm.http.relay import error_response, unreachable
+from pd_policy_vllm.http.fleet.members import ROLES, Fleet, member_name
+from pd_policy_vllm.http.front_door import error_response
+from pd_policy_vllm.openai.wire.codec import loads
 
-if TYPE_CHECKING:
-    from pd_policy_vllm.http.proxy import Proxy
-
-__all__ = ["add_admin_routes"]
+__all__ = ["Admin", "add_admin_routes"]
 
 _ROUTE = "/admin/workers"
 audit: Final = logging.getLogger("pd_policy_vllm.http.admin")
@@ -59,20 +62,34 @@ def _log(who: str | None, action: str, role: object, url: object, outcome: str) 
               f"key:{who}" if who else "not-an-admin", outcome)  # fmt: skip
 
 
-def add_admin_routes(app: web.Application, proxy: Proxy) -> None:
-    """Serve the fleet's routes on ``app``."""
+@attrs.frozen
+class Admin:
+    """What the admin routes act on: the ``fleet``, the ``keys`` (the admins' admit, the
+    workers' go to a worker described), the ``hosts`` a worker may be added on (``None``:
+    any), what the operator ``says`` of workers that do not describe themselves, and the
+    ``session`` the proxy calls its workers with, for a request."""
 
-    def admin(request: web.Request) -> str | None:
-        return proxy.keys.admin(request.headers.get("Authorization"))
+    fleet: Fleet
+    keys: Keys
+    hosts: AllowedHosts | None
+    says: OperatorSays
+    session: Callable[[web.Request], aiohttp.ClientSession]
+
+
+def add_admin_routes(app: web.Application, admin: Admin) -> None:
+    """Serve the fleet's routes on ``app``, over ``admin``'s fleet."""
+
+    def caller(request: web.Request) -> str | None:
+        return admin.keys.admin(request.headers.get("Authorization"))
 
     async def listing(request: web.Request) -> web.Response:
-        if admin(request) is None:
+        if caller(request) is None:
             return error_response(Forbidden())
         members = [
             {"role": m.role, "name": m.name, "health": m.health.health.value,
              "outstanding": m.outstanding,
              "language_model_only": m.worker.capability.language_model_only}
-            for m in proxy.fleet
+            for m in admin.fleet
         ]  # fmt: skip
         return web.json_response({"workers": members})
 
@@ -83,7 +100,7 @@ def add_admin_routes(app: web.Application, proxy: Proxy) -> None:
         return body
 
     async def join(request: web.Request) -> web.Response:
-        who, body = admin(request), None
+        who, body = caller(request), None
         try:
             if who is None:
                 raise Forbidden()
@@ -91,17 +108,17 @@ def add_admin_routes(app: web.Application, proxy: Proxy) -> None:
             role = body.get("role")
             if role not in ROLES:
                 raise MalformedRequest(f"role must be one of {', '.join(ROLES)}", param="role")
-            hosts = proxy.admin_hosts
+            hosts = admin.hosts
             if hosts is not None and not hosts.allows(body["url"]):
                 raise Forbidden("the worker's host is not one --admin-allowed-hosts lists",
                                 param="url")  # fmt: skip
-            says = proxy.probe.says if proxy.probe is not None else OperatorSays()
+            headers = admin.keys.worker_headers()
             try:
-                worker = await describe(proxy.session(request), body["url"], role, says,
-                                        proxy.keys.worker_headers())  # fmt: skip
+                session = admin.session(request)
+                worker = await describe(session, body["url"], role, admin.says, headers)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise unreachable(role if role != "encode" else "encode", exc) from exc
-            member = proxy.fleet.add(role, worker, healthy=True)
+            member = admin.fleet.add(role, worker)
         except (PolicyError, InvalidConfiguration) as exc:
             body = body or {}
             _log(who, "add", body.get("role"), body.get("url"), exc.code)
@@ -110,18 +127,18 @@ def add_admin_routes(app: web.Application, proxy: Proxy) -> None:
         return web.json_response({"role": role, "name": member.name}, status=201)
 
     async def leave(request: web.Request) -> web.Response:
-        who, body = admin(request), None
+        who, body = caller(request), None
         try:
             if who is None:
                 raise Forbidden()
             body = await body_of(request)
-            member = proxy.fleet.find(body["url"])
+            member = admin.fleet.find(body["url"])
             if member is None:
                 raise MalformedRequest("no member at that URL", param="url")
         except (PolicyError, InvalidConfiguration) as exc:
             _log(who, "drain", None, (body or {}).get("url"), exc.code)
             return error_response(exc)
-        proxy.fleet.drain(member)
+        admin.fleet.drain(member)
         _log(who, "drain", member.role, member.worker.url, "draining")
         return web.json_response({"name": member.name, "health": "draining"}, status=202)
 

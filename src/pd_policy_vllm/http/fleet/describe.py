@@ -31,9 +31,9 @@ from pd_policy import (
 from pd_policy.authority import host_of_url, worker_url
 from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.auth import for_url
-from pd_policy_vllm.http.identity import WorkerMedia
-from pd_policy_vllm.http.scale_out import DERENDER, RENDER
-from pd_policy_vllm.http.workers import (
+from pd_policy_vllm.openai.media.identity import WorkerMedia
+from pd_policy_vllm.openai.plan.scale_out import DERENDER, RENDER
+from pd_policy_vllm.openai.workers import (
     HttpWorker,
     capability_from_config,
     media_from_config,

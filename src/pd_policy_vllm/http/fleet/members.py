@@ -1,6 +1,6 @@
 """The proxy's fleet: the core's [`Roster`][pd_policy.roster.Roster] of HTTP workers.
 
-A member is an [`HttpWorker`][pd_policy_vllm.http.workers.HttpWorker] (its URL and what
+A member is an [`HttpWorker`][pd_policy_vllm.openai.workers.HttpWorker] (its URL and what
 its server said it is), named by its URL without credentials or path
 (``http://host:port``): what logs and metric labels show, never a key.
 """
@@ -18,13 +18,12 @@ from pd_policy import (
     Balance,
     Health,
     HealthPolicy,
-    HealthState,
     InvalidConfiguration,
     Roster,
     RosterMember,
 )
 from pd_policy.authority import authority, host_of_url, worker_url
-from pd_policy_vllm.http.workers import HttpWorker
+from pd_policy_vllm.openai.workers import HttpWorker
 
 __all__ = ["ROLES", "Fleet", "Member", "member_name"]
 
@@ -67,12 +66,11 @@ class Fleet(Roster[HttpWorker]):
         except InvalidConfiguration:
             return None
 
-    def add(self, role: str, worker: HttpWorker, *, healthy: bool = False) -> Member:
-        """Add ``worker`` as a ``role`` member (replacing one at its address), starting
-        until a probe passes, or ``healthy`` at once (its description was just read).
-        Raises ``ValueError`` for an unknown role."""
-        health = HealthState(Health.HEALTHY) if healthy else HealthState()
-        return self.join(Member(role, member_name(worker.url), worker, health))
+    def add(self, role: str, worker: HttpWorker, *, healthy: bool = True) -> Member:
+        """Add ``worker`` as a ``role`` member named by its URL (replacing one at its
+        address), in service at once: its description was just read (``healthy=False``:
+        starting until a probe passes). Raises ``ValueError`` for an unknown role."""
+        return self.add_member(role, member_name(worker.url), worker, healthy=healthy)
 
     @classmethod
     def pair(
@@ -84,5 +82,5 @@ class Fleet(Roster[HttpWorker]):
         for role, workers in (("prefill", [prefill]), ("decode", decode),
                               ("encode", [encoder] if encoder else [])):  # fmt: skip
             for worker in workers:
-                fleet.add(role, worker, healthy=True)
+                fleet.add(role, worker)
         return fleet

@@ -9,7 +9,7 @@ from pd_policy import WorkerFailedToStart
 from pd_policy_vllm.http.aio import aiohttp, web
 from pd_policy_vllm.http.auth import for_url
 from pd_policy_vllm.http.fleet.members import Fleet
-from pd_policy_vllm.http.relay import error_response
+from pd_policy_vllm.http.front_door import error_response
 
 __all__ = ["fleet_models"]
 

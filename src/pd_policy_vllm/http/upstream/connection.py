@@ -36,6 +36,8 @@ from .limits import Limits
 
 __all__ = ["Connection", "Head"]
 
+_STATUS_START: Final = b"HTTP/"
+
 #: The bytes a reason phrase may hold: HTAB, SP, VCHAR and obs-text.
 _REASON_BYTES: Final = bytes([9, *range(0x20, 0x7F), *range(0x80, 0x100)])
 
@@ -147,7 +149,14 @@ class Connection(asyncio.Protocol):
             return
         try:
             if self._head is None:
+                seen = self._head_bytes
                 self._head_bytes += len(data)
+                # The answer starts with its status line: llhttp skips blank lines before
+                # it, which RFC 9112 allows a server reading requests, not a client.
+                if seen < len(_STATUS_START) and not _STATUS_START[seen:].startswith(
+                    data[: len(_STATUS_START) - seen]
+                ):
+                    raise UpstreamProtocolError("the worker's answer is not HTTP/1.1")
             self._parser.feed_data(data)
             if self._head is None and self._head_bytes > self.limits.max_head_bytes:
                 raise UpstreamProtocolError("the worker's response head is too long")

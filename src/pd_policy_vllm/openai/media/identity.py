@@ -5,15 +5,15 @@ The identity of a part ([`pd_policy.item_identity`][pd_policy.media_identity.ite
 - inline data (a ``data:`` URL, ``input_audio``, embeddings) is hashed: the SHA-256 of
   the URL's text, or of the canonical JSON of the part's data;
 - a part with a ``uuid`` is the client's name for it, as vLLM takes it (scoped to the
-  client's tenant by then: [`tenant`][pd_policy_vllm.http.tenant]);
+  client's tenant by then: [`tenant`][pd_policy_vllm.openai.media.tenant]);
 - a remote or local URL the proxy has not fetched has no reusable identity: a value
   drawn for the request (``nonce``), so that its decode leg shares no cache with any
-  other request's. [`pin`][pd_policy_vllm.http.pin] fetches remote items once and sends
+  other request's. [`pin`][pd_policy_vllm.http.media.fetch] fetches remote items once and sends
   their bytes to every leg, which makes them inline;
 
 and every identity covers the hash factors: the request's ``mm_processor_kwargs`` and
 ``media_io_kwargs`` (for the part's modality), and the prefill worker's own
-([`WorkerMedia`][pd_policy_vllm.http.identity.WorkerMedia]).
+([`WorkerMedia`][pd_policy_vllm.openai.media.identity.WorkerMedia]).
 """
 
 from __future__ import annotations
@@ -35,10 +35,9 @@ from pd_policy import (
     identity_basis,
     item_identity,
 )
-
-from .codec import canonical
-from .data_url import DataUrl
-from .media import MediaPart, media_parts
+from pd_policy_vllm.openai.media.parts import MediaPart, media_parts
+from pd_policy_vllm.openai.wire.codec import canonical
+from pd_policy_vllm.openai.wire.data_url import DataUrl
 
 __all__ = ["WorkerMedia", "part_basis", "part_identities", "request_factors", "uncached_parts"]
 
@@ -65,7 +64,7 @@ class WorkerMedia:
         self, modality: Modality, request: tuple[dict[str, Any], dict[str, Any]]
     ) -> HashFactors:
         """The hash factors of a ``modality`` item of a request whose own factors are
-        ``request`` ([`request_factors`][pd_policy_vllm.http.identity.request_factors])."""
+        ``request`` ([`request_factors`][pd_policy_vllm.openai.media.identity.request_factors])."""
         processor, media_io = request
         return HashFactors(
             processor,
@@ -99,7 +98,7 @@ def _content_digest(part: MediaPart) -> str:
 
 def part_basis(part: MediaPart, *, fetches: bool = False, renders: bool = False) -> IdentityBasis:
     """The basis of ``part``'s identity on a path where the proxy ``fetches`` remote items
-    itself ([`pin`][pd_policy_vllm.http.pin]) and where a worker ``renders`` the request
+    itself ([`pin`][pd_policy_vllm.http.media.fetch]) and where a worker ``renders`` the request
     first (the metadata path and E/P/D: the worker that fetched an item names it)."""
     pinned = fetches and part.source is MediaSource.REMOTE and part.uuid is None
     return identity_basis(
@@ -115,11 +114,11 @@ def part_identities(
     nonce: str | None = None,
 ) -> tuple[str, ...]:
     """The identity of each of ``parts`` (``body``'s, from
-    [`media_parts`][pd_policy_vllm.http.media.media_parts]), in order.
+    [`media_parts`][pd_policy_vllm.openai.media.parts.media_parts]), in order.
 
     ``nonce`` is the value an uncached item's identity is made unique with; ``None``
     draws a fresh one (give one to make this pure). Raises as
-    [`request_factors`][pd_policy_vllm.http.identity.request_factors] does.
+    [`request_factors`][pd_policy_vllm.openai.media.identity.request_factors] does.
     """
     request = request_factors(body)
     out = []

@@ -6,7 +6,7 @@ every second. When the prefill and a decode worker each fetch it, or when the
 decode leg's identity is the URL's text, the decode worker can serve one image's
 KV for another's, with a 200. So the proxy either fetches the item itself and
 sends its bytes, as a ``data:`` URL, to every leg
-([`RemoteMedia.FETCH`][pd_policy_vllm.http.pin.RemoteMedia]), or leaves the URL to
+([`RemoteMedia.FETCH`][pd_policy_vllm.http.media.fetch.RemoteMedia]), or leaves the URL to
 the worker and gives the item an identity unique to the request (``UNCACHED``:
 correct, and never reused), or refuses it (``REFUSE``).
 
@@ -15,8 +15,8 @@ Fetching, the proxy acts for the worker, so it keeps the worker's rules
 domains (checked on every redirect too, which vLLM does not: a proxy is a front
 door), its size cap and its time-out for the modality. It never reads a local file.
 And it fetches from its own place in the network, so it keeps its own limits too
-([`MediaLimits`][pd_policy_vllm.http.media_guard.MediaLimits]): public addresses only,
-checked where each hop connects ([`media_session`][pd_policy_vllm.http.media_guard.media_session]),
+([`MediaLimits`][pd_policy_vllm.http.media.guard.MediaLimits]): public addresses only,
+checked where each hop connects ([`media_session`][pd_policy_vllm.http.media.guard.media_session]),
 and caps on bytes, redirects and time.
 """
 
@@ -38,11 +38,10 @@ from pd_policy import (
     Modality,
     check_media_url,
 )
-
-from .aio import aiohttp
-from .media import MediaPart, media_parts
-from .media_address import host_address
-from .media_guard import MediaLimits, RefusedAddress
+from pd_policy_vllm.http.aio import aiohttp
+from pd_policy_vllm.http.media.address import host_address
+from pd_policy_vllm.http.media.guard import MediaLimits, RefusedAddress
+from pd_policy_vllm.openai.media.parts import MediaPart, media_parts
 
 __all__ = ["RemoteMedia", "fetch_media", "pin_remote_media", "refuse_remote_media"]
 
@@ -90,7 +89,7 @@ async def fetch_media(
 ) -> bytes:
     """The bytes behind ``url``, fetched as the worker would, within ``rules`` and the
     proxy's ``limits`` (its defaults unless given), over ``session``: one of
-    [`media_session`][pd_policy_vllm.http.media_guard.media_session] with the same
+    [`media_session`][pd_policy_vllm.http.media.guard.media_session] with the same
     ``limits``, which refuses private addresses where it connects.
 
     Raises [`MediaRefused`][pd_policy.media_errors.MediaRefused] (400) for a URL, or a
@@ -181,7 +180,7 @@ async def pin_remote_media(
 ) -> dict[str, Any]:
     """``body`` with each remote URL the client did not name replaced by a ``data:`` URL of
     its bytes, fetched once, concurrently, within ``rules`` and ``limits``
-    ([`fetch_media`][pd_policy_vllm.http.pin.fetch_media]); every other field as it was
+    ([`fetch_media`][pd_policy_vllm.http.media.fetch.fetch_media]); every other field as it was
     (``body`` is not changed). Raises what ``fetch_media`` raises, for the first item
     that fails."""
     remote = _unnamed_remote(media_parts(body, rules))

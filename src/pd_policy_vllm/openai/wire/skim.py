@@ -1,8 +1,8 @@
 """Parsing a chat body with its long data URLs left in the client's bytes.
 
-[`skim`][pd_policy_vllm.http.skim.skim] parses a body as
-[`loads`][pd_policy_vllm.http.codec.loads] does, except that each long data URL in a
-message's media part comes back as a [`DataUrl`][pd_policy_vllm.http.data_url.DataUrl]
+[`skim`][pd_policy_vllm.openai.wire.skim.skim] parses a body as
+[`loads`][pd_policy_vllm.openai.wire.codec.loads] does, except that each long data URL in a
+message's media part comes back as a [`DataUrl`][pd_policy_vllm.openai.wire.data_url.DataUrl]
 (a span of the body) instead of a ``str``: the JSON parser never reads its megabytes,
 and nothing decodes them into a string that the identity's hash would encode again.
 
@@ -29,9 +29,9 @@ from __future__ import annotations
 import secrets
 from typing import Any, Final
 
-from .codec import loads
-from .data_url import DataUrl
-from .splice import escaped
+from pd_policy_vllm.openai.wire.codec import loads
+from pd_policy_vllm.openai.wire.data_url import DataUrl
+from pd_policy_vllm.openai.wire.splice import escaped
 
 __all__ = ["SKIM_LEAST", "skim"]
 
@@ -94,7 +94,7 @@ def _place(body: Any, urls: dict[str, DataUrl]) -> int:
 def skim(raw: bytes, *, least: int = SKIM_LEAST) -> Any:
     """``loads(raw)``, with each data URL of ``least`` bytes or more that is a chat
     message's media part's URL left in ``raw`` as a
-    [`DataUrl`][pd_policy_vllm.http.data_url.DataUrl].
+    [`DataUrl`][pd_policy_vllm.openai.wire.data_url.DataUrl].
 
     Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400) for a body that is
     not JSON, as ``loads`` does; a data URL holding a raw control character is let

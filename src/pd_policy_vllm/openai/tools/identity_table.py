@@ -1,10 +1,10 @@
 """The media identity table of ``docs/index.md``, computed by the proxy's own functions.
 
 Each row is one way a media item arrives in a chat body; each column a path through the
-proxy. A cell is what [`media_parts`][pd_policy_vllm.http.media.media_parts] reads the
-part as and what [`part_basis`][pd_policy_vllm.http.identity.part_basis] gives it there,
+proxy. A cell is what [`media_parts`][pd_policy_vllm.openai.media.parts.media_parts] reads the
+part as and what [`part_basis`][pd_policy_vllm.openai.media.identity.part_basis] gives it there,
 or the refusal. A test holds the docs to it;
-``python -m pd_policy_vllm.http.identity_table --write docs/index.md`` rewrites it.
+``python -m pd_policy_vllm.openai.tools.identity_table --write docs/index.md`` rewrites it.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from typing import Any, Final
 
 from pd_policy import IdentityBasis, MediaFetchRules, MediaSource, PolicyError
 from pd_policy.tools.tables import splice
-
-from .identity import part_basis
-from .media import media_parts
+from pd_policy_vllm.openai.media.identity import part_basis
+from pd_policy_vllm.openai.media.parts import media_parts
 
 __all__ = ["NAME", "identity_table", "main"]
 
@@ -79,7 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(identity_table())
         return 0
     if len(args) != 2 or args[0] != "--write":
-        print("usage: python -m pd_policy_vllm.http.identity_table [--write DOC]", file=sys.stderr)
+        print(
+            "usage: python -m pd_policy_vllm.openai.tools.identity_table [--write DOC]",
+            file=sys.stderr,
+        )
         return 2
     doc = Path(args[1])
     doc.write_text(splice(doc.read_text(encoding="utf-8"), NAME, identity_table()), "utf-8")

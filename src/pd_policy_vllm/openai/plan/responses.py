@@ -6,11 +6,11 @@ takes the prefill's expanded ids from ``kv_transfer_params.prompt_token_ids`` wh
 input holds no media, as the chat route does. So:
 
 - the policy decides on the request's chat equivalent
-  ([`chat_equivalent`][pd_policy_vllm.http.responses.chat_equivalent]), and the prefill
+  ([`chat_equivalent`][pd_policy_vllm.openai.plan.responses.chat_equivalent]), and the prefill
   leg is that chat request (``max_tokens`` 1, the expanded ids returned), rendered to
   the same prompt;
 - the decode leg is the client's Responses request
-  ([`responses_decode_leg`][pd_policy_vllm.http.responses.responses_decode_leg]): for a
+  ([`responses_decode_leg`][pd_policy_vllm.openai.plan.responses.responses_decode_leg]): for a
   language-model-only decode, every media part removed, the expanded ids and the relayed
   KV in ``kv_transfer_params``, the folded ``cache_salt``; for a vision decode, the
   request itself with the KV. Its answer, streamed or not, is the client's.
@@ -27,9 +27,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from pd_policy import MalformedRequest
-
-from .legs import Leg
-from .media import without_media
+from pd_policy_vllm.openai.media.parts import without_media
+from pd_policy_vllm.openai.plan.legs import Leg
 
 __all__ = ["RESPONSES", "chat_equivalent", "responses_decode_leg"]
 

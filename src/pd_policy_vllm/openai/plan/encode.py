@@ -18,7 +18,7 @@ decode:
    covers every item
    ([`encoder_consumer_leg`][pd_policy.epd.encoder_consumer_leg]): a prefill that
    misses its encoder cache kills a vLLM engine;
-4. the decode leg is P/D's (see [`plan`][pd_policy_vllm.http.plan]).
+4. the decode leg is P/D's (see [`plan`][pd_policy_vllm.openai.plan.steps]).
 
 The render runs on the encoder, so the hashes the encoder stores under are the
 ones the prefill looks up: the generate route takes them from the request.
@@ -37,9 +37,8 @@ from pd_policy import (
     encoder_consumer_leg,
     encoder_outputs,
 )
-
-from .codec import loads
-from .scale_out import Rendered, prefill_generate_body
+from pd_policy_vllm.openai.plan.scale_out import Rendered, prefill_generate_body
+from pd_policy_vllm.openai.wire.codec import loads
 
 __all__ = ["consumer_prefill_body", "encode_generate_body", "read_encode"]
 
@@ -73,7 +72,7 @@ def consumer_prefill_body(
     """The prefill leg for a cache consumer: its form and its generate body.
 
     ``request`` is the request as rendered
-    ([`rendered_request`][pd_policy_vllm.http.scale_out.rendered_request]). Raises, before
+    ([`rendered_request`][pd_policy_vllm.openai.plan.scale_out.rendered_request]). Raises, before
     anything is built, what [`encoder_consumer_leg`][pd_policy.epd.encoder_consumer_leg]
     raises: [`MissingEncoderOutput`][pd_policy.errors.MissingEncoderOutput] (502) for an
     item the encoder did not answer for, under the hash the prefill would look up.

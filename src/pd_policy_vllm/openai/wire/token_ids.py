@@ -31,7 +31,7 @@ class TokenIds(Sequence[int]):
     """A non-empty sequence of non-negative token ids, held as its JSON array.
 
     Equal to any sequence of the same ids (a tuple, a list, another ``TokenIds``).
-    [`dumps`][pd_policy_vllm.http.codec.dumps] writes the array as it was read.
+    [`dumps`][pd_policy_vllm.openai.wire.codec.dumps] writes the array as it was read.
     """
 
     # Not an attrs class: msgspec would encode one as an object of its fields.

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import attrs
 
-from .codec import dumps
+from pd_policy_vllm.openai.wire.codec import dumps
 
 __all__ = ["Member", "Spliced", "escaped", "members", "splice", "splice_parts"]
 
@@ -161,10 +161,11 @@ def splice_parts(
     drop: Set[str] = frozenset(),
 ) -> Spliced:
     """``raw`` (the object whose ``members`` are ``found``) with each member named in
-    ``changes`` given its new value (written with [`dumps`][pd_policy_vllm.http.codec.dumps]),
+    ``changes`` given its new value (written with
+    [`dumps`][pd_policy_vllm.openai.wire.codec.dumps]),
     those in ``drop`` left out, and the changes to absent members appended in order:
     the members a dict of ``raw`` would have after the same assignments and pops, as
-    [`Spliced`][pd_policy_vllm.http.splice.Spliced] parts."""
+    [`Spliced`][pd_policy_vllm.openai.wire.splice.Spliced] parts."""
     view = memoryview(raw)
     parts: list[bytes | memoryview] = [b"{"]
     for key, key_start, start, end in found:
@@ -192,5 +193,5 @@ def splice(
     changes: Mapping[str, Any],
     drop: Set[str] = frozenset(),
 ) -> bytes:
-    """[`splice_parts`][pd_policy_vllm.http.splice.splice_parts], joined."""
+    """[`splice_parts`][pd_policy_vllm.openai.wire.splice.splice_parts], joined."""
     return bytes(splice_parts(raw, found, changes, drop))

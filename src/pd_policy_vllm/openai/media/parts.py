@@ -14,7 +14,7 @@ media key it carries (vLLM then ignores its ``type``), any other by its ``type``
 its data is a URL (``image_url``, ``audio_url``, ``video_url``, ``input_image``),
 inline data (``input_audio``, the ``*_embeds`` and ``image_pil`` parts), or nothing
 (a part that names a cached item by its ``uuid`` alone). What identifies it is the
-core's rule ([`identity`][pd_policy_vllm.http.identity]).
+core's rule ([`identity`][pd_policy_vllm.openai.media.identity]).
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from typing import Any, Final
 import attrs
 
 from pd_policy import MalformedRequest, MediaFetchRules, MediaSource, Modality, check_media_url
-
-from .data_url import DataUrl
+from pd_policy_vllm.openai.wire.data_url import DataUrl
 
 __all__ = ["TEXT_PART_TYPES", "MediaPart", "media_parts", "without_media"]
 
@@ -69,8 +68,8 @@ class MediaPart:
 
     ``key`` is the part's key that holds its data (``image_url`` for an ``input_image``
     too, ``input_audio``...); ``url`` its URL (a
-    [`DataUrl`][pd_policy_vllm.http.data_url.DataUrl] when the body was
-    [skimmed][pd_policy_vllm.http.skim.skim]) for a part whose data is one (``source``
+    [`DataUrl`][pd_policy_vllm.openai.wire.data_url.DataUrl] when the body was
+    [skimmed][pd_policy_vllm.openai.wire.skim.skim]) for a part whose data is one (``source``
     then says where the URL points);
     ``data`` the part's inline data otherwise (``None`` for a part named by its
     ``uuid`` alone). ``uuid`` is the client's, as vLLM reads it (``str(uuid)``).
@@ -189,7 +188,7 @@ def media_parts(
 def without_media(body: Mapping[str, Any]) -> list[Any]:
     """``messages`` with every media part removed; text parts, roles, tool calls and every
     other field kept. A message whose content were only media keeps an empty string.
-    Raises as [`media_parts`][pd_policy_vllm.http.media.media_parts] does for messages and
+    Raises as [`media_parts`][pd_policy_vllm.openai.media.parts.media_parts] does for messages and
     parts it cannot place (it reads no URL)."""
     for m, p, part in _media(body):
         _key(part, f"messages[{m}].content[{p}]")  # refuses what cannot be placed

@@ -14,19 +14,31 @@ import enum
 from collections.abc import Mapping
 from typing import Any, Final
 
+import attrs
+
 from pd_policy import (
+    MROPE_GRID_KEYS,
     MalformedRequest,
     Modality,
     MultimodalBatch,
     PayloadLocation,
+    PlaceholderRange,
     Request,
     TensorDescriptor,
+    has_mrope_grids,
+    needs_encode_leg,
 )
+from pd_policy_vllm.openai.media.identity import WorkerMedia, part_identities
+from pd_policy_vllm.openai.media.parts import MediaPart, media_parts
 
-from .identity import WorkerMedia, part_identities
-from .media import MediaPart, media_parts
-
-__all__ = ["CACHE_SALT_LIMIT", "Route", "check_cache_salt", "policy_request"]
+__all__ = [
+    "CACHE_SALT_LIMIT",
+    "Route",
+    "as_decided",
+    "check_cache_salt",
+    "policy_request",
+    "runs_epd",
+]
 
 #: vLLM's limit on ``cache_salt`` (``validate_cache_salt``): characters, and forbidden ones.
 CACHE_SALT_LIMIT: Final = 128
@@ -102,7 +114,7 @@ def policy_request(
     ``mrope``: the served model's positions are M-RoPE. ``media``: what the prefill worker
     does with media (its rules and settings; vLLM's defaults when ``None``): each media
     part's identity is the core's
-    ([`part_identities`][pd_policy_vllm.http.identity.part_identities], which ``nonce``
+    ([`part_identities`][pd_policy_vllm.openai.media.identity.part_identities], which ``nonce``
     makes pure for an uncached part). Raises
     [`MalformedRequest`][pd_policy.errors.MalformedRequest] (a 400 naming the field) for a body
     that is not an object; a chat body whose messages are not a list of
@@ -130,3 +142,35 @@ def policy_request(
     identities = part_identities(body, parts, media, nonce=nonce)
     batches = _batches(parts, identities, mrope)
     return Request(request_id, text="", batches=batches, n=n, cache_salt=salt)
+
+
+def _as_rendered(request: Request) -> Request:
+    # The request as the render will return it: ids, a placeholder per item and inline
+    # grids. Only its shape matters here, so the ids are zeros: it decides the form and
+    # the worker exactly as the rendered request will, before any worker is called.
+    batches, offset = [], 0
+    for batch in request.batches:
+        count = len(batch.mm_hashes)
+        places = [PlaceholderRange(offset + i, 1) for i in range(count)]
+        offset += count
+        tensors = tuple(
+            attrs.evolve(t, location=PayloadLocation.INLINE) if t.name in MROPE_GRID_KEYS else t
+            for t in batch.tensors
+        )
+        batches.append(attrs.evolve(batch, placeholders=places, tensors=tensors))
+    return request.derive(input_ids=(0,) * max(offset, 1), text=None, batches=batches)
+
+
+def runs_epd(request: Request, route: Route, *, encodes: bool) -> bool:
+    """Whether ``request`` runs E/P/D when an encoder is configured (``encodes``): a chat
+    request with media and one sample."""
+    return encodes and route is Route.CHAT and request.n <= 1 and needs_encode_leg(request)
+
+
+def as_decided(request: Request, route: Route, *, renders: bool) -> Request:
+    """The request the decision is made on: as a render will return it, for an M-RoPE
+    chat request whose worker ``renders`` first (the metadata path, E/P/D); else itself.
+    A router that chooses the decode worker before planning decides on this."""
+    if renders and route is Route.CHAT and has_mrope_grids(request):
+        return _as_rendered(request)
+    return request

@@ -1,20 +1,24 @@
 """One HTTP request's P/D, as pure steps around the calls to the workers.
 
-[`plan_request`][pd_policy_vllm.http.plan.plan_request] runs everything the policy decides before
-prefill: the
-body as the policy sees it, the decode worker, the form, the handoff, and the
-prefill leg. [`decode_leg`][pd_policy_vllm.http.plan.decode_leg] runs everything after, from what
-the prefill
-answered: the relay, the handoff check, and the decode leg. The proxy does
-its I/O between them; any other proxy can call the same functions, and the
-conformance vectors do.
+[`plan_request`][pd_policy_vllm.openai.plan.steps.plan_request] runs everything the
+policy decides before prefill: the body as the policy sees it, the decode worker, the
+form, the handoff, and the prefill leg. After the prefill,
+[`read_reply`][pd_policy_vllm.openai.plan.steps.read_reply] reads its answer,
+[`handed_over`][pd_policy_vllm.openai.plan.steps.handed_over] relays its handoff, and
+[`decode_leg_of`][pd_policy_vllm.openai.plan.steps.decode_leg_of] builds the decode leg;
+a router checks the handoff between the last two (its exchange does), and
+[`decode_leg`][pd_policy_vllm.openai.plan.steps.decode_leg] runs all of it, the check
+included. The proxy does its I/O between the steps; any other router can call the same
+functions, and the conformance vectors do.
 
 An M-RoPE image request whose decode worker takes the image's metadata
-(``MROPE_METADATA``) takes one more step, when the prefill worker serves
-vLLM's render route: the plan then holds the render leg and no prefill leg,
-and [`plan_rendered`][pd_policy_vllm.http.plan.plan_rendered] turns the render's answer into the
-prefill leg
-(see [`scale_out`][pd_policy_vllm.http.scale_out]).
+(``MROPE_METADATA``) takes one more step, when the prefill worker serves vLLM's render
+route: the plan then holds the render leg and no prefill leg, and
+[`plan_rendered`][pd_policy_vllm.openai.plan.steps.plan_rendered] turns the render's
+answer into the prefill leg (see [`scale_out`][pd_policy_vllm.openai.plan.scale_out]).
+E/P/D renders on the encoder, and [`plan_encoded`][
+pd_policy_vllm.openai.plan.steps.plan_encoded] turns the encoder's answer into the
+prefill leg.
 """
 
 from __future__ import annotations
@@ -25,13 +29,10 @@ from typing import Any, Final, Generic, TypeVar
 import attrs
 
 from pd_policy import (
-    MROPE_GRID_KEYS,
     DecodeCandidate,
     DecodeForm,
     KvHandoff,
     MalformedRequest,
-    PayloadLocation,
-    PlaceholderRange,
     PrefillForm,
     PrefillKv,
     Request,
@@ -40,17 +41,25 @@ from pd_policy import (
     build_decode_leg,
     ensure_kv_handoff,
     has_mrope_grids,
-    needs_encode_leg,
     plan_kv_handoff,
     relay_kv,
     select_decode_workers,
 )
-
-from .encode import consumer_prefill_body, encode_generate_body, read_encode
-from .identity import WorkerMedia, uncached_parts
-from .legs import Leg, decode_body, prefill_body, read_prefill
-from .request import Route, policy_request
-from .scale_out import (
+from pd_policy_vllm.openai.media.identity import WorkerMedia, uncached_parts
+from pd_policy_vllm.openai.plan.encode import (
+    consumer_prefill_body,
+    encode_generate_body,
+    read_encode,
+)
+from pd_policy_vllm.openai.plan.legs import (
+    Leg,
+    PrefillReply,
+    decode_body,
+    prefill_body,
+    read_prefill,
+)
+from pd_policy_vllm.openai.plan.request import Route, as_decided, policy_request, runs_epd
+from pd_policy_vllm.openai.plan.scale_out import (
     GENERATE,
     Derender,
     Rendered,
@@ -61,9 +70,16 @@ from .scale_out import (
 )
 
 __all__ = [
-    "STRIPPED", "Plan", "as_decided", "decode_leg", "plan_encoded", "plan_rendered",
-    "plan_request", "runs_epd",
-]  # fmt: skip
+    "STRIPPED",
+    "Plan",
+    "decode_leg",
+    "decode_leg_of",
+    "handed_over",
+    "plan_encoded",
+    "plan_rendered",
+    "plan_request",
+    "read_reply",
+]
 
 T = TypeVar("T")
 
@@ -91,7 +107,7 @@ class Plan(Generic[T]):
     #: The route the prefill leg goes to.
     prefill_route: str
     #: The render leg's body (to the prefill worker's
-    #: [`RENDER`][pd_policy_vllm.http.scale_out.RENDER]), when the
+    #: [`RENDER`][pd_policy_vllm.openai.plan.scale_out.RENDER]), when the
     #: metadata path needs it first; else ``None``.
     render: dict[str, Any] | None = None
     #: What the render answered, once it has.
@@ -107,38 +123,6 @@ class Plan(Generic[T]):
     #: leg that keeps its media then takes a salt of its own, so that the decode worker,
     #: which reads the URL again, never caches what it read under the prefill's KV.
     uncached: bool = False
-
-
-def _as_rendered(request: Request) -> Request:
-    # The request as the render will return it: ids, a placeholder per item and inline
-    # grids. Only its shape matters here, so the ids are zeros: it decides the form and
-    # the worker exactly as the rendered request will, before any worker is called.
-    batches, offset = [], 0
-    for batch in request.batches:
-        count = len(batch.mm_hashes)
-        places = [PlaceholderRange(offset + i, 1) for i in range(count)]
-        offset += count
-        tensors = tuple(
-            attrs.evolve(t, location=PayloadLocation.INLINE) if t.name in MROPE_GRID_KEYS else t
-            for t in batch.tensors
-        )
-        batches.append(attrs.evolve(batch, placeholders=places, tensors=tensors))
-    return request.derive(input_ids=(0,) * max(offset, 1), text=None, batches=batches)
-
-
-def runs_epd(request: Request, route: Route, *, encodes: bool) -> bool:
-    """Whether ``request`` runs E/P/D when an encoder is configured (``encodes``): a chat
-    request with media and one sample."""
-    return encodes and route is Route.CHAT and request.n <= 1 and needs_encode_leg(request)
-
-
-def as_decided(request: Request, route: Route, *, renders: bool) -> Request:
-    """The request the decision is made on: as a render will return it, for an M-RoPE
-    chat request whose worker ``renders`` first (the metadata path, E/P/D); else itself.
-    A router that chooses the decode worker before planning decides on this."""
-    if renders and route is Route.CHAT and has_mrope_grids(request):
-        return _as_rendered(request)
-    return request
 
 
 def plan_request(
@@ -167,10 +151,11 @@ def plan_request(
 
     ``encodes``: an encoder-only worker is configured (and the prefill worker consumes
     its cache). A chat request with media and one sample then runs E/P/D: the plan
-    holds the render leg, for the encoder (see [`encode`][pd_policy_vllm.http.encode]).
+    holds the render leg, for the encoder (see [`encode`][pd_policy_vllm.openai.plan.encode]).
 
     ``media`` is what the prefill worker does with media, and ``nonce`` makes an uncached
-    item's identity pure (see [`policy_request`][pd_policy_vllm.http.request.policy_request]).
+    item's identity pure (see
+    [`policy_request`][pd_policy_vllm.openai.plan.request.policy_request]).
     ``request`` is that core request when the caller already made it of ``body`` under
     ``media`` (a router that chose its workers on it): it is taken as it is.
     """
@@ -210,10 +195,11 @@ def plan_request(
 
 def plan_rendered(plan: Plan[T], render_response: Mapping[str, Any]) -> Plan[T]:
     """The plan once the render answered: the request as rendered, its decode leg, and the
-    prefill leg (the rendered request, to [`GENERATE`][pd_policy_vllm.http.scale_out.GENERATE]).
+    prefill leg (the rendered request, to
+    [`GENERATE`][pd_policy_vllm.openai.plan.scale_out.GENERATE]).
     Raises a
     ``prefill_stream_error`` (502) for a render that does not say what the decode leg
-    needs ([`read_render`][pd_policy_vllm.http.scale_out.read_render])."""
+    needs ([`read_render`][pd_policy_vllm.openai.plan.scale_out.read_render])."""
     if plan.render is None:
         raise ValueError("this plan has no render leg")
     mrope = has_mrope_grids(plan.request)
@@ -245,31 +231,55 @@ def plan_encoded(plan: Plan[T], encode_response: Mapping[str, Any]) -> Plan[T]:
     return attrs.evolve(plan, prefill=prefill, encode=None, prefill_form=form)
 
 
-def decode_leg(plan: Plan[Any], prefill_response: Mapping[str, Any] | bytes | None) -> Leg:
-    """The decode leg, from the prefill's (non-streaming) response (parsed, or its bytes),
-    ``None`` when no prefill ran. Raises
-    [`MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams] (502) for a
-    stripped image leg the prefill handed nothing for, and a ``prefill_stream_error`` (502)
-    for a response that does not say what the leg needs, or whose ids are not the rendered
-    ones."""
+def read_reply(plan: Plan[Any], prefill_response: Mapping[str, Any] | bytes) -> PrefillReply:
+    """What the prefill's (non-streaming) response (parsed, or its bytes) says for the decode
+    leg: its ids, the KV parameters, the usage. Raises a ``prefill_stream_error`` (502)
+    for a response that does not say what the leg needs, or whose ids are not the
+    rendered ones."""
+    # A generate response has its ids at the top level, as a chat response does.
+    reply = read_prefill(prefill_response, Route.CHAT if plan.rendered else plan.route)
+    if plan.rendered is not None and reply.prompt_token_ids != plan.rendered.token_ids:
+        raise WorkerStreamError(
+            "prefill", "", "the prefill's prompt ids are not the rendered ones", http_status=502
+        )
+    return reply
+
+
+def handed_over(plan: Plan[Any], reply: PrefillReply | None) -> Request:
+    """The core decode leg once the prefill answered with ``reply`` (``None`` when no prefill
+    ran): what it returned relayed, when the handoff relays. Not checked: the router
+    checks it ([`check_kv_handoff`][pd_policy.handoff.check_kv_handoff]) before any decode
+    leg is sent. Raises ``ValueError`` for a plan that waits for its render or encoder."""
     if plan.render is not None or plan.encode is not None:
         raise ValueError("the plan waits for its render or its encoder")
-    reply = None
-    leg = plan.leg
-    if plan.prefill is not None:
-        if prefill_response is None:
-            raise ValueError("a plan with a prefill leg needs the prefill's response")
-        # A generate response has its ids at the top level, as a chat response does.
-        reply = read_prefill(prefill_response, Route.CHAT if plan.rendered else plan.route)
-        if plan.rendered is not None and reply.prompt_token_ids != plan.rendered.token_ids:
-            raise WorkerStreamError(
-                "prefill", "", "the prefill's prompt ids are not the rendered ones",
-                http_status=502,
-            )  # fmt: skip
-        if plan.handoff.relays:
-            leg = relay_kv(leg, reply.kv_transfer_params)
-    ensure_kv_handoff(plan.request, plan.form, leg, plan.handoff.mode)
+    if reply is not None and plan.handoff.relays:
+        return relay_kv(plan.leg, reply.kv_transfer_params)
+    return plan.leg
+
+
+def decode_leg_of(plan: Plan[Any], leg: Request, reply: PrefillReply | None) -> Leg:
+    """The decode leg's body, from the handed-over core ``leg`` and the prefill's
+    ``reply``. Raises as [`decode_body`][pd_policy_vllm.openai.plan.legs.decode_body]."""
     if plan.rendered is not None and plan.form is DecodeForm.MROPE_METADATA:
         body = metadata_decode_body(plan.rendered, leg)
         return Leg(GENERATE, body, Derender.for_request(plan.body, plan.rendered))
     return decode_body(plan.body, plan.route, plan.form, leg, reply, uncached=plan.uncached)
+
+
+def decode_leg(plan: Plan[Any], prefill_response: Mapping[str, Any] | bytes | None) -> Leg:
+    """The decode leg, from the prefill's (non-streaming) response (parsed, or its bytes),
+    ``None`` when no prefill ran: the three steps above, and the handoff checked between
+    them. Raises [`MissingKvTransferParams`][pd_policy.errors.MissingKvTransferParams]
+    (502) for a stripped image leg the prefill handed nothing for, and a
+    ``prefill_stream_error`` (502) for a response that does not say what the leg needs,
+    or whose ids are not the rendered ones."""
+    if plan.render is not None or plan.encode is not None:
+        raise ValueError("the plan waits for its render or its encoder")
+    reply = None
+    if plan.prefill is not None:
+        if prefill_response is None:
+            raise ValueError("a plan with a prefill leg needs the prefill's response")
+        reply = read_reply(plan, prefill_response)
+    leg = handed_over(plan, reply)
+    ensure_kv_handoff(plan.request, plan.form, leg, plan.handoff.mode)
+    return decode_leg_of(plan, leg, reply)

@@ -1,14 +1,13 @@
 """Conformance vectors for HTTP proxies: OpenAI bodies in, P/D legs (or the refusal) out.
 
-A sibling of the core's vectors (``pd_policy.tools.vectors``), for proxies in front
-of ``vllm serve`` that reimplement [`pd_policy_vllm.http`][pd_policy_vllm.http]. Each case gives
-the client's body and route, the decode workers (in preference order), the
-prefill worker's handoff contract, whether the model uses M-RoPE, and the
-prefill's response when a prefill runs; the outcome is the prefill leg's body
-and the decode leg's route and body, or the refusal's status, code and field.
-The format is documented in ``docs/http.md``.
+A sibling of the core's vectors (``pd_policy.tools.vectors``), for proxies in front of
+``vllm serve`` that reimplement [`pd_policy_vllm.openai`][pd_policy_vllm.openai]. Each case
+gives the client's body and route, the decode workers (in preference order), the prefill
+worker's handoff contract, whether the model uses M-RoPE, and the prefill's response when
+a prefill runs; the outcome is the prefill leg's body and the decode leg's route and body,
+or the refusal's status, code and field. The format is documented in ``docs/http.md``.
 
-Run it: ``python -m pd_policy_vllm.http.vectors write FILE`` writes the set,
+Run it: ``python -m pd_policy_vllm.openai.tools.vectors write FILE`` writes the set,
 ``... run FILE`` prints this implementation's results for one.
 """
 
@@ -19,19 +18,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from pd_policy import (
-    DecodeCandidate,
-    KvConnectorMode,
-    PolicyError,
-    PrefillKv,
-    worker_from_json,
-)
-
-from . import codec
-from .plan import decode_leg, plan_rendered, plan_request
-from .request import Route
-from .vector_handoffs import NIXL_RETURNED as _RETURNED
-from .vector_handoffs import handoff_cases
+from pd_policy import DecodeCandidate, KvConnectorMode, PolicyError, PrefillKv, worker_from_json
+from pd_policy_vllm.openai.plan.request import Route
+from pd_policy_vllm.openai.plan.steps import decode_leg, plan_rendered, plan_request
+from pd_policy_vllm.openai.tools.vector_handoffs import NIXL_RETURNED as _RETURNED
+from pd_policy_vllm.openai.tools.vector_handoffs import handoff_cases
+from pd_policy_vllm.openai.wire import codec
 
 __all__ = ["FORMAT", "VERSION", "build", "dumps", "render_answer", "run", "run_case"]
 
@@ -294,7 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``write FILE``: the set; ``run FILE``: this implementation's results, to stdout."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0] not in {"write", "run"}:
-        print("usage: python -m pd_policy_vllm.http.vectors write|run FILE", file=sys.stderr)
+        print(
+            "usage: python -m pd_policy_vllm.openai.tools.vectors write|run FILE", file=sys.stderr
+        )
         return 2
     command, path = args
     if command == "write":

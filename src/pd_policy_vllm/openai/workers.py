@@ -33,8 +33,7 @@ from pd_policy import (
     derive_supports_vision,
 )
 from pd_policy.authority import host_of_url, worker_url
-
-from .identity import WorkerMedia
+from pd_policy_vllm.openai.media.identity import WorkerMedia
 
 __all__ = [
     "HttpWorker",

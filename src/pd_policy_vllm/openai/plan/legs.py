@@ -1,16 +1,14 @@
 """The P/D legs as OpenAI-compatible bodies for vLLM's HTTP server: pure shaping, no I/O.
 
-- [`prefill_body`][pd_policy_vllm.http.legs.prefill_body]: the client's body, sanitised as SMG's
-  HTTP router
-  does (``stream: false``, no ``stream_options``, ``n: 1``, no ``min_tokens``,
-  the output cap set to 1 on whichever key the client used), asking for the
-  expanded prompt ids (``return_token_ids``) and tagged for the handoff.
-- [`read_prefill`][pd_policy_vllm.http.legs.read_prefill]: what the prefill's non-streaming response
-  says: the
-  expanded ids, the KV parameters, the usage.
-- [`decode_body`][pd_policy_vllm.http.legs.decode_body]: the decode leg for the decided form, from
-  the client's
-  body and the prefill's reply.
+- [`prefill_body`][pd_policy_vllm.openai.plan.legs.prefill_body]: the client's body,
+  sanitised as SMG's HTTP router does (``stream: false``, no ``stream_options``,
+  ``n: 1``, no ``min_tokens``, the output cap set to 1 on whichever key the client
+  used), asking for the expanded prompt ids (``return_token_ids``) and tagged for the
+  handoff.
+- [`read_prefill`][pd_policy_vllm.openai.plan.legs.read_prefill]: what the prefill's
+  non-streaming response says: the expanded ids, the KV parameters, the usage.
+- [`decode_body`][pd_policy_vllm.openai.plan.legs.decode_body]: the decode leg for the
+  decided form, from the client's body and the prefill's reply.
 """
 
 from __future__ import annotations
@@ -30,13 +28,12 @@ from pd_policy import (
     decode_cache_salt,
     fold_cache_salt,
 )
-
-from .codec import loads, reply_fields, token_ids
-from .media import without_media
-from .request import Route
-from .scale_out import Derender
-from .splice import Spliced, members, splice_parts
-from .token_ids import TokenIds
+from pd_policy_vllm.openai.media.parts import without_media
+from pd_policy_vllm.openai.plan.request import Route
+from pd_policy_vllm.openai.plan.scale_out import Derender
+from pd_policy_vllm.openai.wire.codec import loads, reply_fields, token_ids
+from pd_policy_vllm.openai.wire.splice import Spliced, members, splice_parts
+from pd_policy_vllm.openai.wire.token_ids import TokenIds
 
 __all__ = ["Leg", "PrefillReply", "decode_body", "prefill_body", "prefill_bytes", "read_prefill"]
 
@@ -50,9 +47,9 @@ class Leg:
     tokens (the metadata path), how to derender it for the client.
 
     A body that forwards the prefill's ids holds them as a
-    [`TokenIds`][pd_policy_vllm.http.token_ids.TokenIds] (a sequence equal to the list of
+    [`TokenIds`][pd_policy_vllm.openai.wire.token_ids.TokenIds] (a sequence equal to the list of
     ids, kept as the bytes the worker sent): write the body with
-    [`dumps`][pd_policy_vllm.http.codec.dumps], which sends those bytes as they are, not
+    [`dumps`][pd_policy_vllm.openai.wire.codec.dumps], which sends those bytes as they are, not
     with ``json.dumps``, which does not know the type."""
 
     route: str
@@ -95,9 +92,9 @@ def prefill_body(body: Mapping[str, Any], route: Route, handoff: KvHandoff) -> d
 def prefill_bytes(
     raw: bytes | bytearray, body: Mapping[str, Any], route: Route, handoff: KvHandoff
 ) -> Spliced | None:
-    """[`prefill_body`][pd_policy_vllm.http.legs.prefill_body] of ``body`` written as
+    """[`prefill_body`][pd_policy_vllm.openai.plan.legs.prefill_body] of ``body`` written as
     ``raw`` (the client's bytes that parse to it) with only the members it changes
-    rewritten ([`splice_parts`][pd_policy_vllm.http.splice.splice_parts]): every other
+    rewritten ([`splice_parts`][pd_policy_vllm.openai.wire.splice.splice_parts]): every other
     byte, the media included, as the client sent it. ``None`` when ``raw`` is not an
     object the splice can read; write ``prefill_body`` then. Raises as ``prefill_body``
     does."""

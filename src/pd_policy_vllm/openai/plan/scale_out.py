@@ -39,9 +39,8 @@ from pd_policy import (
     TensorDescriptor,
     WorkerStreamError,
 )
-
-from .codec import loads, token_ids
-from .media import without_media
+from pd_policy_vllm.openai.media.parts import without_media
+from pd_policy_vllm.openai.wire.codec import loads, token_ids
 
 __all__ = [
     "DERENDER",

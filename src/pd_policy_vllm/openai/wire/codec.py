@@ -10,13 +10,14 @@ same results: the shaping modules stay usable from any proxy.
 
 Where the two libraries differ, the standard library's answer is the contract:
 
-- [`canonical`][pd_policy_vllm.http.codec.canonical] is ``json.dumps(value, sort_keys=True,
+- [`canonical`][pd_policy_vllm.openai.wire.codec.canonical] is ``json.dumps(value, sort_keys=True,
   separators=(",", ":"),
   ensure_ascii=False)`` in UTF-8 (``surrogatepass``), byte for byte. ``msgspec``
   writes floats differently (``1e+16`` against ``1e16``), so it is used only for
   values without floats, where its output is the same (a property test holds
   it to that).
-- [`loads`][pd_policy_vllm.http.codec.loads] refuses what is not strict JSON (``NaN``, numbers out
+- [`loads`][pd_policy_vllm.openai.wire.codec.loads] refuses what is not strict JSON (``NaN``,
+numbers out
   of range,
   lone surrogates) with [`MalformedRequest`][pd_policy.errors.MalformedRequest], on both paths.
 """
@@ -30,9 +31,8 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from pd_policy import MalformedRequest
-
-from .data_url import DataUrl
-from .token_ids import TokenIds
+from pd_policy_vllm.openai.wire.data_url import DataUrl
+from pd_policy_vllm.openai.wire.token_ids import TokenIds
 
 __all__ = ["ReplyFields", "canonical", "dumps", "loads", "reply_fields", "sha256_identity",
            "token_ids"]  # fmt: skip
@@ -166,7 +166,7 @@ def canonical(value: Any) -> bytes:
 
 
 def sha256_identity(value: Any) -> str:
-    """The hex SHA-256 of [`canonical`][pd_policy_vllm.http.codec.canonical] (``value``)."""
+    """The hex SHA-256 of [`canonical`][pd_policy_vllm.openai.wire.codec.canonical] (``value``)."""
     return hashlib.sha256(canonical(value)).hexdigest()
 
 
@@ -196,7 +196,7 @@ def reply_fields(raw: bytes, *, in_choice: bool, what: str) -> ReplyFields | Non
     choice. ``None`` when the reply is JSON of another shape, or msgspec is not
     installed: read it parsed then. Raises
     [`MalformedRequest`][pd_policy.errors.MalformedRequest] naming ``what`` when it is not
-    JSON, as [`loads`][pd_policy_vllm.http.codec.loads] does."""
+    JSON, as [`loads`][pd_policy_vllm.openai.wire.codec.loads] does."""
     if not USE_MSGSPEC:
         return None
     reply: _Reply | _CompletionReply

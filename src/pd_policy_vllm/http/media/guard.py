@@ -5,7 +5,7 @@ A check of a URL's host name before the fetch is not enough: the name's DNS answ
 can change between that check and the connection (DNS rebinding), and a redirect names
 a new host. So the address is checked where the connection is made, on every hop:
 
-- the session's resolver ([`GuardedResolver`][pd_policy_vllm.http.media_guard.GuardedResolver])
+- the session's resolver ([`GuardedResolver`][pd_policy_vllm.http.media.guard.GuardedResolver])
   drops every refused address from each answer (refusing the name when none is left),
   and the connector connects to exactly what it returned;
 - its socket factory refuses a refused address once more, as the socket is made: it
@@ -28,8 +28,8 @@ from typing import Any, Final
 
 import attrs
 
-from .aio import aiohttp
-from .media_address import Address, refused_address
+from pd_policy_vllm.http.aio import aiohttp
+from pd_policy_vllm.http.media.address import Address, refused_address
 
 __all__ = [
     "MEDIA_MAX_BYTES",
@@ -107,7 +107,7 @@ class RefusedAddress(OSError):
 
 class GuardedResolver(aiohttp.abc.AbstractResolver):
     """``inner``'s answers (the default resolver's unless given) without the addresses
-    ``limits`` refuse; raises [`RefusedAddress`][pd_policy_vllm.http.media_guard.RefusedAddress]
+    ``limits`` refuse; raises [`RefusedAddress`][pd_policy_vllm.http.media.guard.RefusedAddress]
     for a name none of whose addresses is left. Made in a running event loop."""
 
     def __init__(

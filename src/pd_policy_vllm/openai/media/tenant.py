@@ -15,12 +15,19 @@ from typing import Any, Final
 
 from pd_policy import ClientUuids, Tenant, forwarded_uuid
 
-from .auth import Keys, bearer
-
-__all__ = ["request_tenant", "scope_uuids", "scoped_body"]
+__all__ = ["bearer", "request_tenant", "scope_uuids", "scoped_body"]
 
 #: The members of a body whose items hold content parts: chat's and the Responses API's.
 _ITEMS: Final = ("messages", "input")
+_BEARER: Final = "bearer "
+
+
+def bearer(authorization: str | None) -> str | None:
+    """The key an ``Authorization: Bearer`` header presents; ``None`` for another scheme
+    or no header."""
+    if not authorization or authorization[: len(_BEARER)].lower() != _BEARER:
+        return None
+    return authorization[len(_BEARER) :].strip()
 
 
 def request_tenant(body: Mapping[str, Any], authorization: str | None, *, keyed: bool) -> Tenant:
@@ -86,17 +93,18 @@ def scope_uuids(
 
 
 def scoped_body(
-    body: Any, raw: bytes, authorization: str | None, keys: Keys, mode: ClientUuids
+    body: Any, raw: bytes, authorization: str | None, *, keyed: bool, mode: ClientUuids
 ) -> tuple[Any, bytes | None]:
     """``body`` with its uuids scoped to its tenant
-    ([`request_tenant`][pd_policy_vllm.http.tenant.request_tenant], with ``keyed`` when
-    ``keys`` holds client keys; [`scope_uuids`][pd_policy_vllm.http.tenant.scope_uuids]),
+    ([`request_tenant`][pd_policy_vllm.openai.media.tenant.request_tenant], with ``keyed`` when
+    the proxy checks clients' keys;
+    [`scope_uuids`][pd_policy_vllm.openai.media.tenant.scope_uuids]),
     and the client's bytes ``raw`` that a prefill leg may be spliced from: ``None`` once
     a uuid was replaced, since those bytes hold the client's uuids. A body with no uuid
     (a completions body, one that is not an object) is returned as it is, with ``raw``."""
     if not isinstance(body, dict) or mode is ClientUuids.TRUSTED:
         return body, raw
     # The tenant's digests only for a body that has a uuid: most have none.
-    tenant = functools.cache(lambda: request_tenant(body, authorization, keyed=bool(keys.clients)))
+    tenant = functools.cache(lambda: request_tenant(body, authorization, keyed=keyed))
     scoped = scope_uuids(body, tenant, mode)
     return (body, raw) if scoped is body else (scoped, None)

@@ -6,9 +6,9 @@ Parsed, it is decoded into a ``str`` (a pass over it and a copy), and its identi
 encodes it back to UTF-8 to hash it (another). The proxy needs neither: the policy reads
 the URL's scheme, the identity is the SHA-256 of its text, and every leg that carries it
 can carry the client's bytes. A ``DataUrl`` is that string kept as a span of the body:
-its text is the span's bytes exactly, because [`skim`][pd_policy_vllm.http.skim] takes
+its text is the span's bytes exactly, because [`skim`][pd_policy_vllm.openai.wire.skim] takes
 only strings of ASCII with no escape in them, whose bytes are their UTF-8.
-[`dumps`][pd_policy_vllm.http.codec.dumps] writes it as the client wrote it.
+[`dumps`][pd_policy_vllm.openai.wire.codec.dumps] writes it as the client wrote it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,159 @@
+"""One request through a gRPC router: its [`Exchange`][pd_policy.exchange.Exchange] driven
+with the calls each action asks for, yielding the decode worker's responses.
+
+Every router of this package drives it: a pair router
+([`SequentialPd`][pd_policy_grpc.client.SequentialPd], on messages, and
+[`SequentialPdBytes`][pd_policy_grpc.raw.client.SequentialPdBytes], on bytes) with its one
+pair and one attempt, and [`FleetPd`][pd_policy_grpc.fleet.FleetPd] with a pair per
+placement and its roster's bookkeeping. The rules (order, the handoff checked before the
+decode, blame, retry, nothing retried once the caller has a response) are the exchange's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, Generic, Protocol, TypeVar
+
+import attrs
+
+from pd_policy import KvHandoff, Placement, PolicyError, Roster
+from pd_policy.exchange import Exchange, settle
+from pd_policy.exchange_events import (
+    Begin,
+    ClientLeft,
+    DeadlinePassed,
+    Event,
+    Finish,
+    FirstByte,
+    HandoffCheck,
+    KvFacts,
+    Leg,
+    LegAnswered,
+    LegFailed,
+    Plan,
+    PlanFailed,
+    Planned,
+    Relay,
+    Send,
+)
+
+__all__ = ["Pair", "PairAttempt", "drive"]
+
+L = TypeVar("L")
+W = TypeVar("W")
+
+
+@attrs.define
+class PairAttempt(Generic[L]):
+    """One attempt on a pair, up to its decode: the decode leg (a message, or a serialized
+    leg) and the stub it goes to, whether a prefill runs first, the handoff check, and the
+    handoff planned."""
+
+    leg: L
+    decode: Any
+    prefill: bool
+    check: HandoffCheck
+    handoff: KvHandoff
+
+
+class Pair(Protocol):
+    """What a pair router does for an attempt (``SequentialPd`` and ``SequentialPdBytes``)."""
+
+    def attempt(self, request: Any) -> PairAttempt[Any]:
+        """The attempt at ``request``: raises the policy's refusals before any call."""
+        ...
+
+    def handoff_of(self, attempt: PairAttempt[Any]) -> KvFacts:
+        """The handoff the attempt's decode leg carries now."""
+        ...
+
+    async def prefill(self, request: Any, attempt: PairAttempt[Any]) -> None:
+        """Run the prefill leg, and relay what it returned onto the decode leg."""
+        ...
+
+    def decode(self, request: Any, attempt: PairAttempt[Any]) -> AsyncGenerator[Any]:
+        """The decode leg's responses."""
+        ...
+
+
+async def _next(stream: AsyncGenerator[Any], ends: float | None) -> Any:
+    # The deadline bounds each wait, never a span with a yield in it: the caller runs there.
+    async with asyncio.timeout_at(ends):
+        return await anext(stream)
+
+
+def _planned(pair: Pair, request: Any) -> tuple[Event, PairAttempt[Any] | None]:
+    try:
+        attempt = pair.attempt(request)
+    except PolicyError as exc:
+        return PlanFailed(exc), None
+    legs = frozenset({Leg.PREFILL}) if attempt.prefill else frozenset()
+    return Planned(legs, attempt.check, pair.handoff_of(attempt)), attempt
+
+
+async def _prefilled(
+    pair: Pair, request: Any, attempt: PairAttempt[Any], ends: float | None
+) -> Event:
+    try:
+        async with asyncio.timeout_at(ends):
+            await pair.prefill(request, attempt)
+    except PolicyError as exc:
+        return LegFailed(Leg.PREFILL, exc)
+    return LegAnswered(Leg.PREFILL, pair.handoff_of(attempt))
+
+
+async def drive(
+    request: Any,
+    pair_of: Callable[[Placement[W]], Pair],
+    exchange: Exchange[W],
+    roster: Roster[W] | None = None,
+    *,
+    deadline: float | None = None,
+) -> AsyncGenerator[Any]:
+    """Serve ``request`` through ``exchange``, each attempt on the pair ``pair_of`` gives for
+    its placement, applying the bookkeeping to ``roster`` (``None``: a router of one pair).
+    Yields the decode's responses; raises the error the exchange finished with. A caller
+    that stops iterating (or is cancelled) ends the exchange as a client that left;
+    ``deadline`` bounds the whole request in seconds (``None``: no bound)."""
+    loop = asyncio.get_running_loop()
+    ends = None if deadline is None else loop.time() + deadline
+    pair: Pair | None = None
+    attempt: PairAttempt[Any] | None = None
+    action = settle(roster, exchange.handle(Begin()))
+    try:
+        while not isinstance(action, Finish):
+            event: Event | None = None
+            if isinstance(action, Plan):
+                pair = pair_of(action.placement)
+                event, attempt = _planned(pair, request)
+            elif isinstance(action, Send):
+                assert pair is not None and attempt is not None
+                event = await _prefilled(pair, request, attempt, ends)
+            else:
+                assert isinstance(action, Relay) and pair is not None and attempt is not None
+                async with contextlib.aclosing(pair.decode(request, attempt)) as stream:
+                    while event is None:
+                        try:
+                            response = await _next(stream, ends)
+                        except StopAsyncIteration:
+                            event = LegAnswered(Leg.DECODE)
+                        except PolicyError as exc:
+                            event = LegFailed(Leg.DECODE, exc)
+                        else:
+                            if not exchange.seen:
+                                exchange.handle(FirstByte())
+                            yield response
+            action = settle(roster, exchange.handle(event))
+    except TimeoutError:
+        if exchange.finish is not None or ends is None or loop.time() < ends:
+            raise
+        action = settle(roster, exchange.handle(DeadlinePassed()))
+    except (GeneratorExit, asyncio.CancelledError):
+        if exchange.finish is None:
+            settle(roster, exchange.handle(ClientLeft()))
+        raise
+    assert isinstance(action, Finish)
+    if action.error is not None:
+        raise action.error

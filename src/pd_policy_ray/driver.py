@@ -1,0 +1,213 @@
+"""One request through the Ray decode server: its [`Exchange`][pd_policy.exchange.Exchange]
+driven with the calls each action asks for, yielding what Ray's ingress sends the client.
+
+The graph is one pair (the prefill deployment and this replica), so the exchange has one
+attempt and no roster: Ray's router chose the replicas. Its actions are the request's
+life: plan the legs for this replica's capability, render on the prefill replica (the
+M-RoPE metadata path), prefill there, check the handoff, decode on the local engine. An
+error a replica answers (Ray's ``ErrorResponse``) reaches the client as it came; the
+policy's own refusals and failures are OpenAI errors of their own
+([`error_response`][pd_policy_ray.errors.error_response]).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, Protocol
+
+from pd_policy import (
+    InvalidConfiguration,
+    PolicyError,
+    PrefillKv,
+    Request,
+    WorkerCapability,
+    WorkerFailedToStart,
+)
+from pd_policy.exchange import one_pair, settle
+from pd_policy.exchange_events import (
+    Begin,
+    Event,
+    Finish,
+    FirstByte,
+    Leg,
+    LegAnswered,
+    LegFailed,
+    Plan,
+    PlanFailed,
+    Relay,
+    Send,
+)
+from pd_policy_vllm.openai.plan.events import kv_facts, planned
+from pd_policy_vllm.openai.plan.legs import PrefillReply
+from pd_policy_vllm.openai.plan.request import Route
+from pd_policy_vllm.openai.plan.steps import Plan as LegsPlan
+from pd_policy_vllm.openai.plan.steps import handed_over, read_reply
+
+from .errors import error_response
+from .legs import plain_leg, plan_legs, prefill_body_for, rendered_plan
+from .metadata import Step, decode_metadata_leg
+from .scale_out import ScaleOut
+
+__all__ = ["Replica", "serve"]
+
+
+class Replica(Protocol):
+    """What the decode server offers a request's life."""
+
+    capability: WorkerCapability
+    kv: PrefillKv
+    mrope: bool
+    prefill_calls: Any
+    local: ScaleOut | None
+
+    async def prefill(self, route: Route, body: dict[str, Any], raw_request_info: Any) -> Any:
+        """The prefill deployment's answer to ``body``: its reply, or an ``ErrorResponse``."""
+        ...
+
+    def decode(
+        self, route: Route, body: dict[str, Any], raw_request_info: Any
+    ) -> AsyncIterator[Any]:
+        """The local engine's answer to the decode ``body``, chunk by chunk."""
+        ...
+
+
+def _failed(item: Any) -> bool:
+    from .seam import ErrorResponse
+
+    head = item[0] if isinstance(item, list) and item else item
+    return isinstance(head, ErrorResponse)
+
+
+def _worker_error(leg: str, answered: Any) -> WorkerFailedToStart:
+    head = answered[0] if isinstance(answered, list) and answered else answered
+    return WorkerFailedToStart(leg, detail=str(head.error.message), http_status=head.error.code)
+
+
+class _Life:
+    def __init__(
+        self, replica: Replica, route: Route, body: dict[str, Any], request_id: str, raw: Any
+    ) -> None:
+        self.replica, self.route, self.body = replica, route, body
+        self.request_id, self.raw = request_id, raw
+        self.plan: LegsPlan[str] | None = None
+        self.leg: Request | None = None
+        self.reply: PrefillReply | None = None
+        #: A replica's own error, which the client gets as it came.
+        self.answered: Any = None
+
+    def do_plan(self) -> Event:
+        replica = self.replica
+        try:
+            self.plan = plan_legs(
+                self.body,
+                self.route,
+                replica.capability,
+                replica.kv,
+                mrope=replica.mrope,
+                request_id=self.request_id,
+            )
+        except PolicyError as exc:
+            return PlanFailed(exc)
+        return planned(self.plan)
+
+    async def send(self, leg: Leg) -> Event:
+        plan, replica = self.plan, self.replica
+        assert plan is not None
+        try:
+            if leg is Leg.RENDER:
+                answered = await replica.prefill_calls.render_chat.remote(plan.render)
+                if _failed(answered):
+                    return self._refused(leg, answered)
+                self.plan = rendered_plan(plan, answered)
+                return LegAnswered(leg)
+            body = prefill_body_for(plan)
+            assert body is not None  # the plan runs a prefill
+            if plan.rendered is not None:
+                answered = await replica.prefill_calls.generate.remote(body)
+            else:
+                answered = await replica.prefill(self.route, body, self.raw)
+            if _failed(answered):
+                return self._refused(leg, answered)
+            reply = answered if isinstance(answered, dict) else answered.model_dump(mode="json")
+            self.reply = read_reply(plan, reply)
+            self.leg = handed_over(plan, self.reply)
+            return LegAnswered(leg, kv_facts(self.leg))
+        except PolicyError as exc:
+            return LegFailed(leg, exc)
+
+    def _refused(self, leg: Leg, answered: Any) -> Event:
+        self.answered = answered
+        return LegFailed(leg, _worker_error("prefill", answered))
+
+    def decode(self) -> AsyncIterator[Any]:
+        plan, replica = self.plan, self.replica
+        assert plan is not None
+        leg = plain_leg(plan, self.leg or handed_over(plan, None), self.reply)
+        if leg.derender is None:
+            return replica.decode(self.route, leg.body, self.raw)
+        if replica.local is None:  # a plan says the path exists only where it does
+            raise InvalidConfiguration("this replica has no scale-out serving")
+        return _items(decode_metadata_leg(leg, replica.local))
+
+    @property
+    def form(self) -> str:
+        return self.plan.form.value if self.plan is not None else "-"
+
+    def sent(self) -> int | None:
+        # What the decode engine was sent on the metadata path: the grids, never the pixels
+        # (the live tests read it).
+        plan = self.plan
+        if plan is None or plan.rendered is None or self.leg is None:
+            return None
+        leg = plain_leg(plan, self.leg, self.reply)
+        return len(json.dumps(leg.body, separators=(",", ":")))
+
+
+async def _items(steps: AsyncGenerator[tuple[Step, Any], None]) -> AsyncIterator[Any]:
+    async for _, item in steps:
+        yield item
+
+
+async def serve(
+    replica: Replica,
+    route: Route,
+    body: dict[str, Any],
+    request_id: str,
+    raw_request_info: Any,
+    log: Callable[[str, str, int, dict[str, int]], None],
+) -> AsyncGenerator[Any, None]:
+    """Serve one request on ``replica``: yields what the client gets. ``log`` is called once,
+    with the outcome and status the client first saw (and, on the metadata path, the
+    bytes of the decode leg), after the decode ``form``."""
+    life = _Life(replica, route, body, request_id, raw_request_info)
+    exchange = one_pair()
+    action: Any = settle(None, exchange.handle(Begin()))
+    logged = False
+    while not isinstance(action, Finish):
+        if isinstance(action, Plan):
+            event = life.do_plan()
+        elif isinstance(action, Send):
+            event = await life.send(action.leg)
+        else:
+            assert isinstance(action, Relay)
+            event = LegAnswered(Leg.DECODE)
+            async for item in life.decode():
+                if _failed(item):
+                    if not exchange.seen:
+                        life.answered = item
+                    else:
+                        yield item  # mid-stream, the stream's last event
+                    event = LegFailed(Leg.DECODE, _worker_error("decode", item))
+                    break
+                if not exchange.seen:
+                    exchange.handle(FirstByte())
+                    extra = {"decode_bytes": sent} if (sent := life.sent()) is not None else {}
+                    log(life.form, "ok", 200, extra)
+                    logged = True
+                yield item
+        action = settle(None, exchange.handle(event))
+    if not logged:
+        log(life.form, action.outcome, action.status, {})
+    if action.error is not None and not action.late:
+        yield life.answered if life.answered is not None else error_response(action.error)

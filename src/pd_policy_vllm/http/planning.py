@@ -1,0 +1,104 @@
+"""The proxy's plan of one attempt on the members the exchange chose: the policy's plan
+([`plan_request`][pd_policy_vllm.openai.plan.steps.plan_request]), what the proxy refuses
+on top of it, and remote media fetched once when the plan needs its bytes.
+
+Every refusal here is raised before any worker is called, and may be retried only where
+its error says (a media host that did not answer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from pd_policy import DecodeCandidate, MalformedRequest, Placement, Request
+from pd_policy_vllm.http.aio import aiohttp
+from pd_policy_vllm.http.fleet.members import Member
+from pd_policy_vllm.http.fleet.routing import HttpPlacer, decode_capability
+from pd_policy_vllm.http.front_door import Incoming
+from pd_policy_vllm.http.media.fetch import RemoteMedia, pin_remote_media, refuse_remote_media
+from pd_policy_vllm.http.media.guard import MediaLimits
+from pd_policy_vllm.openai.plan.steps import STRIPPED, Plan, plan_request
+from pd_policy_vllm.openai.workers import HttpWorker
+
+__all__ = ["Planning", "remote_media_for"]
+
+
+def remote_media_for(mode: RemoteMedia | None, prefill: Member) -> RemoteMedia:
+    """What to do with remote media on ``prefill``: ``mode``, or by default fetch it when
+    the worker's rules are known and leave it uncached when they are not."""
+    if mode is not None:
+        return mode
+    return RemoteMedia.FETCH if prefill.worker.media.rules.known else RemoteMedia.UNCACHED
+
+
+@attrs.frozen(slots=True)
+class Planning:
+    """What the plans of a proxy share: whether the model uses M-RoPE, its remote media
+    mode (``None``: by each prefill's rules), its own limits on a media fetch, and the
+    session it fetches with (one of
+    [`media_session`][pd_policy_vllm.http.media.guard.media_session])."""
+
+    mrope: bool
+    remote_media: RemoteMedia | None
+    media_limits: MediaLimits
+    session: aiohttp.ClientSession
+
+    def _plan(
+        self, body: Any, incoming: Incoming, placement: Placement[HttpWorker], made: Request | None
+    ) -> Plan[Member]:
+        prefill, decode = placement.prefill, placement.decode
+        candidate = DecodeCandidate(decode_capability(decode), decode)
+        return plan_request(
+            body,
+            incoming.route,
+            [candidate],
+            prefill.worker.kv,
+            mrope=self.mrope,
+            request_id=incoming.request_id,
+            renders=prefill.worker.renders,
+            encodes=placement.encoder is not None,
+            media=prefill.worker.media,
+            request=made,
+        )
+
+    async def plan(
+        self, incoming: Incoming, placement: Placement[HttpWorker], placer: HttpPlacer
+    ) -> Plan[Member]:
+        """The plan of an attempt at ``incoming`` on ``placement`` (``placer`` chose it, and
+        read the request it may reuse). Raises every refusal the policy makes before
+        prefill, the proxy's own refusals of another API's legs, and those of a remote
+        media fetch.
+
+        Another API planned as chat (the Responses API: ``translate``) is refused (400)
+        where its decode leg is not a chat leg (the M-RoPE metadata path, E/P/D), and for
+        remote media on a decode leg that keeps it: that leg is the client's own request,
+        whose URL the decode would fetch again, and the content could differ from what
+        the prefill saw."""
+        prefill = placement.prefill
+        body = incoming.body
+        plan = self._plan(body, incoming, placement, placer.request_for(prefill.worker))
+        if incoming.translate is not None:
+            if plan.render is not None or plan.epd:
+                raise MalformedRequest(
+                    "this API is not served with media on the M-RoPE metadata path or in "
+                    "E/P/D: its decode leg would be tokens; use /v1/chat/completions",
+                    param="input",
+                )
+            if plan.uncached and plan.form not in STRIPPED:
+                raise MalformedRequest(
+                    "remote media over this API needs a language-model-only decode worker: "
+                    "send it as a data URL, or use /v1/chat/completions",
+                    param="input",
+                )
+        mode = remote_media_for(self.remote_media, prefill)
+        rules = prefill.worker.media.rules
+        if plan.uncached and mode is RemoteMedia.REFUSE:
+            refuse_remote_media(body, rules)
+        if plan.uncached and plan.prefill is not None and mode is RemoteMedia.FETCH:
+            # Fetched once, after every refusal the policy can make without it: the same
+            # bytes to every leg, and an identity that is their hash.
+            pinned = await pin_remote_media(self.session, body, rules, self.media_limits)
+            plan = self._plan(pinned, incoming, placement, None)
+        return plan
