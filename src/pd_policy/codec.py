@@ -59,12 +59,23 @@ def _modality(value: object, path: str) -> Modality:
     return result
 
 
-_BATCH_KEYS: tuple[frozenset[str], frozenset[str]] = frozenset(), frozenset(
-    {
-        "modality", "pixel_values", "tensors", "placeholders", "mm_hashes", "im_token_id",
-        "batched_keys", "flat_keys", "keep_on_cpu_keys", "encoder_input_key",
-    }
-)  # fmt: skip
+_BATCH_KEYS: tuple[frozenset[str], frozenset[str]] = (
+    frozenset(),
+    frozenset(
+        {
+            "modality",
+            "pixel_values",
+            "tensors",
+            "placeholders",
+            "mm_hashes",
+            "im_token_id",
+            "batched_keys",
+            "flat_keys",
+            "keep_on_cpu_keys",
+            "encoder_input_key",
+        }
+    ),
+)
 
 
 def _placeholder(value: object, path: str) -> PlaceholderRange:
@@ -142,12 +153,21 @@ def _legacy(value: object, path: str) -> LegacyKvParams:
     return _build(path, lambda: LegacyKvParams(host, port))
 
 
-_REQUEST_KEYS: tuple[frozenset[str], frozenset[str]] = frozenset({"request_id"}), frozenset(
-    {
-        "input_ids", "text", "batches", "media_refs", "n", "kv_transfer_params",
-        "kv_transfer_params_legacy", "cache_salt",
-    }
-)  # fmt: skip
+_REQUEST_KEYS: tuple[frozenset[str], frozenset[str]] = (
+    frozenset({"request_id"}),
+    frozenset(
+        {
+            "input_ids",
+            "text",
+            "batches",
+            "media_refs",
+            "n",
+            "kv_transfer_params",
+            "kv_transfer_params_legacy",
+            "cache_salt",
+        }
+    ),
+)
 
 
 def request_from_json(value: object) -> Request:

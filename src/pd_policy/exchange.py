@@ -253,9 +253,13 @@ class Exchange(Generic[W]):
         check, kv = self._check, self._kv
         assert check is not None  # set by Planned
         try:
-            check_kv_handoff(check.form, has_mm_inputs=check.multimodal,
-                             kv_transfer_params=kv.params, kv_legacy=kv.legacy,
-                             mode=check.mode)  # fmt: skip
+            check_kv_handoff(
+                check.form,
+                has_mm_inputs=check.multimodal,
+                kv_transfer_params=kv.params,
+                kv_legacy=kv.legacy,
+                mode=check.mode,
+            )
         except MissingKvTransferParams as exc:
             return self._fail(exc, None, None)
         self.phase = Phase.DECODING

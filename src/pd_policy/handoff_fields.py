@@ -39,16 +39,22 @@ __all__ = ["KV_FLAG_FIELDS", "REQUIRED_KV_FIELDS", "missing_kv_fields"]
 REQUIRED_KV_FIELDS: Final[Mapping[KvConnectorMode, tuple[str, ...]]] = MappingProxyType(
     {
         KvConnectorMode.NIXL: (
-            "do_remote_prefill", "remote_engine_id", "remote_block_ids", "remote_host",
+            "do_remote_prefill",
+            "remote_engine_id",
+            "remote_block_ids",
+            "remote_host",
             "remote_port",
         ),
         KvConnectorMode.TRANSFER: ("do_remote_prefill", "transfer_id"),
         KvConnectorMode.MOONCAKE: (
-            "do_remote_prefill", "transfer_id", "remote_engine_id", "remote_bootstrap_addr",
+            "do_remote_prefill",
+            "transfer_id",
+            "remote_engine_id",
+            "remote_bootstrap_addr",
         ),
         KvConnectorMode.PASSTHROUGH: (),
     }
-)  # fmt: skip
+)
 
 #: Fields that count only when ``true``: ``do_remote_prefill: false`` loads nothing.
 KV_FLAG_FIELDS: Final = frozenset({"do_remote_prefill"})

@@ -20,8 +20,13 @@ __all__: list[str] = []
 
 T = TypeVar("T")
 
-_TYPE_NAMES = {str: "a string", int: "an integer", bool: "a boolean", list: "a list",
-               dict: "an object"}  # fmt: skip
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    bool: "a boolean",
+    list: "a list",
+    dict: "an object",
+}
 
 
 def _fail(path: str, message: str) -> MalformedRequest:

@@ -87,8 +87,9 @@ def place(
     if encode:
         encoders = select_encoder_workers(candidates("encode"))
         if encoders:
-            encoder = roster.choose("encode", [c.handle for c in encoders],
-                                    affinity=affinity, exclude=exclude)  # fmt: skip
+            encoder = roster.choose(
+                "encode", [c.handle for c in encoders], affinity=affinity, exclude=exclude
+            )
     encoded = encoder is not None
     listed = candidates("prefill")
     prefills = select_prefill_workers(request, listed, encoded=encoded)
@@ -99,8 +100,9 @@ def place(
             else "no prefill worker of this fleet can process the request's media: each runs "
             "as a language model only, or as an encoder"
         )
-    prefill = roster.choose("prefill", [c.handle for c in prefills], affinity=affinity,
-                            exclude=exclude)  # fmt: skip
+    prefill = roster.choose(
+        "prefill", [c.handle for c in prefills], affinity=affinity, exclude=exclude
+    )
     seen = decided(prefill, encoded) if decided is not None else request
     compatible = [c.handle for c in select_decode_workers(seen, candidates("decode"))]
     decode = roster.choose("decode", compatible, exclude=exclude)

@@ -150,9 +150,13 @@ class Roster(Generic[W]):
         self.generation += 1
 
     def choose(
-        self, role: str, compatible: Sequence[Member[W]], *, affinity: str | None = None,
+        self,
+        role: str,
+        compatible: Sequence[Member[W]],
+        *,
+        affinity: str | None = None,
         exclude: Sequence[str] = (),
-    ) -> Member[W]:  # fmt: skip
+    ) -> Member[W]:
         """The member of ``compatible`` (those that can serve the leg) that takes it, by
         [`choose`][pd_policy.balance.choose]; ``exclude`` names the members an earlier
         attempt of the request failed on. Raises
@@ -165,6 +169,12 @@ class Roster(Generic[W]):
         # Two "random" draws: a counter mixed by two odd constants spreads them, and keeps
         # the roster free of a random source a test would have to seed.
         draws = (self._draws * 0x9E3779B1 >> 7, self._draws * 0x85EBCA77 >> 9)
-        chosen = choose(snapshots, role=role, affinity=affinity, bound=self.bound,
-                        balance=self.balance, draws=draws)  # fmt: skip
+        chosen = choose(
+            snapshots,
+            role=role,
+            affinity=affinity,
+            bound=self.bound,
+            balance=self.balance,
+            draws=draws,
+        )
         return chosen.handle

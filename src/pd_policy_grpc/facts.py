@@ -85,9 +85,12 @@ class Scanned(NamedTuple):
     def facts(self) -> WireFacts:
         """The facts alone."""
         return WireFacts(
-            self.n, self.has_mm_inputs, self.has_media_refs, self.has_mrope_grids,
+            self.n,
+            self.has_mm_inputs,
+            self.has_media_refs,
+            self.has_mrope_grids,
             self.unidentified,
-        )  # fmt: skip
+        )
 
 
 def scan(request: pb.GenerateRequest, *, check: bool = True) -> Scanned:

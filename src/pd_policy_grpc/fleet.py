@@ -230,9 +230,12 @@ class FleetPd:
             worker = member.worker
             try:
                 described = await describe_worker(
-                    worker.channel, worker.address, member.role, kv_mode=kv_mode,
+                    worker.channel,
+                    worker.address,
+                    member.role,
+                    kv_mode=kv_mode,
                     timeout=self.probe_timeout,
-                )  # fmt: skip
+                )
             except (grpc.aio.AioRpcError, InvalidConfiguration):
                 described = None
             self.prober.described(member, described)

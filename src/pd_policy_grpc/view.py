@@ -40,9 +40,20 @@ __all__ = [
 ]
 
 _ITEMSIZE: Final = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
-    "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "uint32": 4, "uint16": 2, "uint64": 8,
-}  # fmt: skip
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "uint32": 4,
+    "uint16": 2,
+    "uint64": 8,
+}
 _LOCATION: Final = {
     "inline": PayloadLocation.INLINE,
     "shm": PayloadLocation.SHM,

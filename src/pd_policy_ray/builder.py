@@ -64,9 +64,10 @@ def build_pd_policy_app(
     pd = PDServingArgs.model_validate(args)
     prefill_dp, decode_dp = _dp_size(pd.prefill_config), _dp_size(pd.decode_config)
     prefill = (build_dp_deployment if prefill_dp > 1 else build_llm_deployment)(
-        pd.prefill_config, name_prefix="Prefill:",
+        pd.prefill_config,
+        name_prefix="Prefill:",
         deployment_cls=PolicyDPPrefillServer if prefill_dp > 1 else PolicyPrefillServer,
-    )  # fmt: skip
+    )
     decode_cls = PolicyDPDecodeServer if decode_dp > 1 else PolicyDecodeServer
     bind = {"prefill_server": prefill}
     if RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING:

@@ -42,7 +42,7 @@ from pd_policy_vllm.openai.plan.events import kv_facts, planned
 from pd_policy_vllm.openai.plan.legs import PrefillReply
 from pd_policy_vllm.openai.plan.request import Route
 from pd_policy_vllm.openai.plan.steps import Plan as LegsPlan
-from pd_policy_vllm.openai.plan.steps import handed_over, read_reply
+from pd_policy_vllm.openai.plan.steps import after_prefill, handed_over
 
 from .errors import error_response
 from .legs import plain_leg, plan_legs, prefill_body_for, rendered_plan
@@ -130,8 +130,7 @@ class _Life:
             if _failed(answered):
                 return self._refused(leg, answered)
             reply = answered if isinstance(answered, dict) else answered.model_dump(mode="json")
-            self.reply = read_reply(plan, reply)
-            self.leg = handed_over(plan, self.reply)
+            self.reply, self.leg = after_prefill(plan, reply)
             return LegAnswered(leg, kv_facts(self.leg))
         except PolicyError as exc:
             return LegFailed(leg, exc)

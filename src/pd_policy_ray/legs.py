@@ -98,9 +98,14 @@ def plan_legs(
     metadata gets a plan whose ``render`` is the chat body to render first. A plan
     without a prefill leg or a render (n>1 without media) runs decode alone."""
     plan = plan_request(
-        body, route, [DecodeCandidate(capability, DECODE)], kv, mrope=mrope,
-        request_id=request_id, renders=True,
-    )  # fmt: skip
+        body,
+        route,
+        [DecodeCandidate(capability, DECODE)],
+        kv,
+        mrope=mrope,
+        request_id=request_id,
+        renders=True,
+    )
     if plan.epd:
         # Unreachable while no encoder is named; kept so that a core that grows a path
         # Ray cannot run refuses here, not deep in an engine.

@@ -45,11 +45,14 @@ def _streamed_error(event: Mapping[str, Any]) -> Any:
 
     error = event["error"]
     fields = error if isinstance(error, Mapping) else {"message": str(error)}
-    return ErrorResponse(error=ErrorInfo(
-        message=str(fields.get("message", "the decode engine failed")),
-        type=str(fields.get("type", "InternalServerError")),
-        param=fields.get("param"), code=int(fields.get("code") or 500),
-    ))  # fmt: skip
+    return ErrorResponse(
+        error=ErrorInfo(
+            message=str(fields.get("message", "the decode engine failed")),
+            type=str(fields.get("type", "InternalServerError")),
+            param=fields.get("param"),
+            code=int(fields.get("code") or 500),
+        )
+    )
 
 
 @attrs.frozen
@@ -66,8 +69,10 @@ class ScaleOut:
         [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] when the engine
         built none (not started, not generating, or a vLLM without scale-out serving)."""
         state = getattr(engine, "_app_state", None)
-        parts = [getattr(state, name, None) for name in
-                 ("serving_render", "serving_tokens", "serving_derender")]  # fmt: skip
+        parts = [
+            getattr(state, name, None)
+            for name in ("serving_render", "serving_tokens", "serving_derender")
+        ]
         if any(part is None for part in parts):
             raise InvalidConfiguration(
                 "the replica's engine has no scale-out serving (render, generate, "

@@ -98,9 +98,11 @@ class PolicyDecodeServer(PDDecodeServer):  # type: ignore[misc]
             self.local = ScaleOut.of(self.engine)
         requests_log.info(
             "decode replica: supports_vision=%s accepts_mm_metadata=%s mrope=%s kv=%s",
-            self.capability.supports_vision.name, self.capability.accepts_mm_metadata.name,
-            self.mrope, self.kv.mode.name,
-        )  # fmt: skip
+            self.capability.supports_vision.name,
+            self.capability.accepts_mm_metadata.name,
+            self.mrope,
+            self.kv.mode.name,
+        )
 
     async def _pd_handle_request(
         self, request: Any, raw_request_info: Any = None
@@ -110,8 +112,14 @@ class PolicyDecodeServer(PDDecodeServer):  # type: ignore[misc]
         body = request.model_dump(mode="json", exclude_unset=True)
 
         def log(form: str, outcome: str, status: int, extra: dict[str, int]) -> None:
-            line = {"request_id": request_id, "route": route.value, "form": form,
-                    "outcome": outcome, "status": status, **extra}  # fmt: skip
+            line = {
+                "request_id": request_id,
+                "route": route.value,
+                "form": form,
+                "outcome": outcome,
+                "status": status,
+                **extra,
+            }
             requests_log.info(json.dumps(line, separators=(",", ":")))
 
         async for item in serve(self, route, body, request_id, raw_request_info, log):

@@ -163,9 +163,12 @@ class LocalPd:
             return Request(request_id, text=prompt, n=n, cache_salt=cache_salt), None
         routed = self.preprocess(prompt, images)
         request = Request(
-            request_id, input_ids=routed.input_ids, batches=(routed.batch,), n=n,
+            request_id,
+            input_ids=routed.input_ids,
+            batches=(routed.batch,),
+            n=n,
             cache_salt=cache_salt,
-        )  # fmt: skip
+        )
         return request, routed
 
     def generate(

@@ -13,8 +13,7 @@ import pytest
 from aiohttp import web
 
 from pd_policy import PolicyError
-from pd_policy_vllm.http.front_door import AiohttpBody, error_response
-from pd_policy_vllm.openai.wire.body import read_body
+from pd_policy_vllm.http.front_door import FrontDoor, client_body, error_response
 
 LIMIT = 1 << 20
 READ = web.RequestKey("read", bool)
@@ -34,7 +33,7 @@ def _reads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def _echo(request: web.Request) -> web.Response:
     try:
-        body = await read_body(AiohttpBody(request), LIMIT)
+        body = await client_body(request, FrontDoor(max_body=LIMIT))
     except PolicyError as exc:
         return error_response(exc)
     kind = "read()" if request.get(READ) else "own"

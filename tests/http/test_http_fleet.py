@@ -356,10 +356,11 @@ def test_the_plan_names_items_under_the_chosen_prefills_own_settings(shared: boo
         body = chat(seed)
         placer = HttpPlacer(fleet, body, Route.CHAT, mrope=False, request_id="r")
         placement = placer(())
-        reused = placer.request_for(placement.prefill.worker)
-        assert (reused is not None) is shared and (placer.media is not None) is shared
+        chosen = placer.chosen
+        assert chosen is not None and chosen.placement is placement
+        assert (chosen.request is not None) is shared and (placer.media is not None) is shared
         incoming = Incoming("r", Route.CHAT, Route.CHAT.value, body, None, False)
-        plan = asyncio.run(planning.plan(incoming, placement, placer))
+        plan = asyncio.run(planning.plan(incoming, chosen))
         own = policy_request(body, Route.CHAT, request_id="r", mrope=False,
                              media=placement.prefill.worker.media)  # fmt: skip
         assert plan.request.batches[0].mm_hashes == own.batches[0].mm_hashes

@@ -219,9 +219,11 @@ def _parser() -> argparse.ArgumentParser:
         "--prefill-returned-nothing", action="store_true", help="prefill returned no KV parameters"
     )
     explain.add_argument(
-        "--kv-mode", choices=[m.value for m in KvConnectorMode], default="nixl",
+        "--kv-mode",
+        choices=[m.value for m in KvConnectorMode],
+        default="nixl",
         help="the prefill connector's handoff contract, whose fields the check requires",
-    )  # fmt: skip
+    )
     explain.add_argument("--json", action="store_true", help="print JSON")
     command("errors", _errors, "print the error catalog").add_argument(
         "--json", action="store_true", help="print JSON"

@@ -127,8 +127,14 @@ def epd_table() -> str:
         worker = _WORKERS[3][1] if has_mrope_grids(request) else _WORKERS[2][1]
         rows.append(f"| {label} | {_epd_cells(request, worker, metadata, drop)} |")
     legend = ", ".join(f"`{f.name}`" for f in PrefillForm)
-    return "\n".join([*rows, "", f"Prefill forms: {legend}. The decode worker is "
-                       "language-model-only (and takes metadata, for M-RoPE)."])  # fmt: skip
+    return "\n".join(
+        [
+            *rows,
+            "",
+            f"Prefill forms: {legend}. The decode worker is "
+            "language-model-only (and takes metadata, for M-RoPE).",
+        ]
+    )
 
 
 def connector_table() -> str:

@@ -25,8 +25,16 @@ import attrs
 from pd_policy import InvalidConfiguration
 from pd_policy_vllm.openai.media.tenant import bearer
 
-__all__ = ["ADMIN_KEYS_ENV", "CLIENT_KEYS_ENV", "WORKER_KEY_ENV", "Keys", "bearer", "for_url",
-           "key_id", "read_keys"]  # fmt: skip
+__all__ = [
+    "ADMIN_KEYS_ENV",
+    "CLIENT_KEYS_ENV",
+    "WORKER_KEY_ENV",
+    "Keys",
+    "bearer",
+    "for_url",
+    "key_id",
+    "read_keys",
+]
 
 #: The environment variable the workers' key is read from.
 WORKER_KEY_ENV: Final = "PD_POLICY_WORKER_API_KEY"
@@ -126,8 +134,9 @@ def read_keys(
     if worker_key_file is not None:
         lines = _lines(worker_key_file, "worker_api_key_file")
         if len(lines) != 1:
-            raise InvalidConfiguration("the worker key file must hold one key",
-                                       param="worker_api_key_file")  # fmt: skip
+            raise InvalidConfiguration(
+                "the worker key file must hold one key", param="worker_api_key_file"
+            )
         worker: str | None = lines[0]
     else:
         worker = env.get(WORKER_KEY_ENV) or None
@@ -140,8 +149,9 @@ def read_keys(
     if admin_keys_file is not None:
         admins = _lines(admin_keys_file, "admin_api_keys_file")
         if not admins:
-            raise InvalidConfiguration("the admin keys file holds no key",
-                                       param="admin_api_keys_file")  # fmt: skip
+            raise InvalidConfiguration(
+                "the admin keys file holds no key", param="admin_api_keys_file"
+            )
     else:
         admins = _listed(env, ADMIN_KEYS_ENV)
     admins = [k.strip() for k in admin_keys if k.strip()] + admins

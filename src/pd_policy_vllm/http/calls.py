@@ -14,7 +14,6 @@ from typing import Any, Final
 
 from pd_policy import MalformedRequest, WorkerFailedToStart, WorkerStreamError
 from pd_policy_vllm.http.aio import aiohttp
-from pd_policy_vllm.http.auth import for_url
 from pd_policy_vllm.http.upstream import Response, Upstream, UpstreamTimeout
 from pd_policy_vllm.openai.wire.codec import dumps, loads
 from pd_policy_vllm.openai.wire.splice import Spliced
@@ -38,8 +37,11 @@ async def worker_error(leg: str, response: Response) -> WorkerFailedToStart:
     if response.status in (401, 403):
         # The router's own credentials were refused: the client's are not in question,
         # so it is told of a bad gateway, not that it is unauthorized.
-        return WorkerFailedToStart(leg, detail=f"the worker refused the router's credentials "
-                                   f"({response.status})", http_status=502)  # fmt: skip
+        return WorkerFailedToStart(
+            leg,
+            detail=f"the worker refused the router's credentials ({response.status})",
+            http_status=502,
+        )
     # The worker's own message (vLLM's OpenAI error body), without its request body.
     raw = await response.read()
     try:
@@ -49,15 +51,19 @@ async def worker_error(leg: str, response: Response) -> WorkerFailedToStart:
     return WorkerFailedToStart(leg, detail=detail, http_status=response.status)
 
 
-def leg_headers(request_id: str, extra: Mapping[str, str] | None, url: str) -> dict[str, str]:
-    return {REQUEST_ID_HEADER: request_id, "Content-Type": _JSON, **for_url(extra, url)}
+def leg_headers(request_id: str, workers: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The headers of every leg of request ``request_id``: its id (vLLM takes it from
+    there), JSON, and ``workers``' (the workers' key). A worker URL with credentials of
+    its own is called with those instead of the key (the legs' client sees to it)."""
+    return {REQUEST_ID_HEADER: request_id, "Content-Type": _JSON, **(workers or {})}
 
 
 def unreachable(leg: str, exc: BaseException) -> WorkerFailedToStart:
     """A leg whose worker could not be reached: a 503 naming the kind of failure, never
     the worker's address (a URL may carry credentials)."""
-    return WorkerFailedToStart(leg, detail=f"the worker could not be reached "
-                               f"({type(exc).__name__})", http_status=503)  # fmt: skip
+    return WorkerFailedToStart(
+        leg, detail=f"the worker could not be reached ({type(exc).__name__})", http_status=503
+    )
 
 
 def failed_leg(leg: str, exc: aiohttp.ClientError) -> WorkerFailedToStart:
@@ -67,8 +73,9 @@ def failed_leg(leg: str, exc: aiohttp.ClientError) -> WorkerFailedToStart:
     if isinstance(exc, UpstreamTimeout):
         return WorkerFailedToStart(leg, detail=str(exc), http_status=504)
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
-        return WorkerFailedToStart(leg, detail=f"the worker's answer failed ({exc})",
-                                   http_status=502)  # fmt: skip
+        return WorkerFailedToStart(
+            leg, detail=f"the worker's answer failed ({exc})", http_status=502
+        )
     return unreachable(leg, exc)
 
 
@@ -77,12 +84,12 @@ async def post_json(
     leg: str,
     url: str,
     body: Any,
-    request_id: str,
-    headers: Mapping[str, str] | None = None,
+    headers: Mapping[str, str],
     *,
     parse: bool = True,
 ) -> Any:
-    """POST ``body`` (with ``headers``: the workers' key; ``bytes`` are sent as they are,
+    """POST ``body`` with ``headers`` (the leg's, [`leg_headers`][
+    pd_policy_vllm.http.calls.leg_headers]; ``bytes`` are sent as they are,
     a [`Spliced`][pd_policy_vllm.openai.wire.splice.Spliced] body part by part, anything else is
     written as JSON) and return the JSON answer, or its bytes unparsed when not
     ``parse``.
@@ -90,13 +97,12 @@ async def post_json(
     with an error (its status), and a ``WorkerStreamError`` (502) for a 200 that is not
     JSON (when parsed)."""
     try:
-        sent = leg_headers(request_id, headers, url)
         data: bytes | list[bytes | memoryview]
         if isinstance(body, Spliced):
             data = body.chunks()
         else:
             data = body if isinstance(body, bytes) else dumps(body)
-        async with await upstream.post(url, data, sent) as r:
+        async with await upstream.post(url, data, headers) as r:
             if r.status != 200:
                 raise await worker_error(leg, r)
             raw = await r.read()

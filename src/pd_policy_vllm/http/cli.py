@@ -63,9 +63,13 @@ DRAIN_SECONDS = 120.0
 
 
 async def _described(
-    session: aiohttp.ClientSession, url: str, role: str, says: OperatorSays, keys: Keys,
+    session: aiohttp.ClientSession,
+    url: str,
+    role: str,
+    says: OperatorSays,
+    keys: Keys,
     deadline: float,
-) -> HttpWorker:  # fmt: skip
+) -> HttpWorker:
     # A worker still starting refuses connections: wait for it, up to the deadline.
     while True:
         try:
@@ -85,12 +89,14 @@ def _check_epd(fleet: Fleet) -> None:
     for member in encoders:
         if member.worker.capability.encoder_cache is EncoderCacheRole.UNKNOWN:
             member.worker = attrs.evolve(  # the flag says what it is
-                member.worker, capability=attrs.evolve(member.worker.capability,
-                                                       encoder_cache=producer),
-            )  # fmt: skip
+                member.worker,
+                capability=attrs.evolve(member.worker.capability, encoder_cache=producer),
+            )
     checks = [("encode", m, m.worker.capability.encoder_cache is producer) for m in encoders]
-    checks += [("prefill", m, m.worker.capability.encoder_cache in (consumer,
-                EncoderCacheRole.UNKNOWN)) for m in fleet.of("prefill")]  # fmt: skip
+    checks += [
+        ("prefill", m, m.worker.capability.encoder_cache in (consumer, EncoderCacheRole.UNKNOWN))
+        for m in fleet.of("prefill")
+    ]
     for param, member, role_ok in checks:
         if not (role_ok and member.worker.renders):
             raise InvalidConfiguration(
@@ -113,8 +119,11 @@ async def read_fleet(args: argparse.Namespace, keys: Keys | None = None) -> Flee
     deadline = time.monotonic() + args.startup_timeout
     fleet = Fleet(policy=HealthPolicy(), balance=Balance(args.balance), bound=args.affinity_bound)
     async with aiohttp.ClientSession() as session:
-        for role, urls in (("prefill", args.prefill), ("decode", args.decode),
-                           ("encode", args.encode)):  # fmt: skip
+        for role, urls in (
+            ("prefill", args.prefill),
+            ("decode", args.decode),
+            ("encode", args.encode),
+        ):
             for url in urls:
                 worker = await _described(session, url, role, says, keys, deadline)
                 fleet.add(role, worker)
@@ -128,8 +137,7 @@ async def read_workers(args: argparse.Namespace) -> tuple[HttpWorker, list[HttpW
     scale-out routes. Raises as [`read_fleet`][pd_policy_vllm.http.cli.read_fleet]."""
     fleet = await read_fleet(args)
     prefill = fleet.of("prefill")[0]
-    decodes = [attrs.evolve(m.worker, capability=decode_capability(m))
-               for m in fleet.of("decode")]  # fmt: skip
+    decodes = [attrs.evolve(m.worker, capability=decode_capability(m)) for m in fleet.of("decode")]
     return prefill.worker, decodes
 
 
@@ -146,16 +154,24 @@ async def read_encoder(args: argparse.Namespace, prefill: HttpWorker) -> HttpWor
 def _members(fleet: Fleet) -> None:
     for member in fleet:
         capability = member.worker.capability
-        logger.info("%s %s: lm_only=%s metadata=%s scale_out=%s", member.role, member.name,
-                    capability.language_model_only, capability.takes_mm_metadata,
-                    member.worker.renders)  # fmt: skip
+        logger.info(
+            "%s %s: lm_only=%s metadata=%s scale_out=%s",
+            member.role,
+            member.name,
+            capability.language_model_only,
+            capability.takes_mm_metadata,
+            member.worker.renders,
+        )
 
 
 def _admin(args: argparse.Namespace) -> tuple[Keys, AllowedHosts | None]:
     # Decided before any worker is waited for: a proxy that cannot start says so at once.
-    keys = read_keys(worker_key_file=args.worker_api_key_file,
-                     client_keys_file=args.api_keys_file, admin_keys=args.admin_api_key,
-                     admin_keys_file=args.admin_api_keys_file)  # fmt: skip
+    keys = read_keys(
+        worker_key_file=args.worker_api_key_file,
+        client_keys_file=args.api_keys_file,
+        admin_keys=args.admin_api_key,
+        admin_keys_file=args.admin_api_keys_file,
+    )
     if args.admin and not keys.admins:
         raise InvalidConfiguration(
             "--admin needs an admin key: --admin-api-key, --admin-api-keys-file or "
@@ -164,8 +180,9 @@ def _admin(args: argparse.Namespace) -> tuple[Keys, AllowedHosts | None]:
         )
     hosts = admin_hosts(args)
     if hosts is not None and not args.admin:
-        raise InvalidConfiguration("--admin-allowed-hosts bounds --admin, which is not set",
-                                   param="admin_allowed_hosts")  # fmt: skip
+        raise InvalidConfiguration(
+            "--admin-allowed-hosts bounds --admin, which is not set", param="admin_allowed_hosts"
+        )
     return keys, hosts
 
 
@@ -194,11 +211,16 @@ def _configured(
 
 def _run(args: argparse.Namespace, proxy: Proxy) -> None:
     web.run_app(
-        proxy.app(), host=args.host, port=args.port, print=None, handler_cancellation=True,
+        proxy.app(),
+        host=args.host,
+        port=args.port,
+        print=None,
+        handler_cancellation=True,
         access_log=access_logger if args.access_log else None,
-        shutdown_timeout=DRAIN_SECONDS, reuse_port=args.processes > 1,
+        shutdown_timeout=DRAIN_SECONDS,
+        reuse_port=args.processes > 1,
         **proxy.front_door.server_args(),
-    )  # fmt: skip
+    )
 
 
 def _processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
@@ -242,13 +264,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def make() -> Proxy:
         return Proxy(
-            fleet=fleet, mrope=bool(args.mrope), remote_media=remote, keys=keys,
-            attempts=args.attempts, probe=probe if args.probe_interval > 0 else None,
-            admin=args.admin, admin_hosts=hosts, log_requests=args.access_log,
-            front_door=front_door(args), limits=upstream_limits(args),
-            client_uuids=client_uuids(args), media_limits=media_limits(args),
+            fleet=fleet,
+            mrope=bool(args.mrope),
+            remote_media=remote,
+            keys=keys,
+            attempts=args.attempts,
+            probe=probe if args.probe_interval > 0 else None,
+            admin=args.admin,
+            admin_hosts=hosts,
+            log_requests=args.access_log,
+            front_door=front_door(args),
+            limits=upstream_limits(args),
+            client_uuids=client_uuids(args),
+            media_limits=media_limits(args),
             request_timeout=args.request_timeout,
-        )  # fmt: skip
+        )
 
     if args.processes > 1:
         return _processes(args, make)

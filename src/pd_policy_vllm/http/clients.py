@@ -33,9 +33,11 @@ class Clients:
 
 @contextlib.asynccontextmanager
 async def open_clients(
-    limits: Limits, media_limits: MediaLimits, observers: Sequence[Observer],
+    limits: Limits,
+    media_limits: MediaLimits,
+    observers: Sequence[Observer],
     trace_configs: Sequence[aiohttp.TraceConfig],
-) -> AsyncIterator[Clients]:  # fmt: skip
+) -> AsyncIterator[Clients]:
     """The three clients, closed on leaving (the legs' connections too)."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout)
     async with (

@@ -11,22 +11,18 @@ gateways spell it, for a start-up script that has the key (``--admin-api-keys-fi
 from __future__ import annotations
 
 import argparse
-import ipaddress
 from pathlib import Path
 
 from pd_policy import Balance, ClientUuids, KvConnectorMode
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts, allowed_hosts
 from pd_policy_vllm.http.fleet.describe import CAPABILITIES, OperatorSays
-from pd_policy_vllm.http.front_door import BODY_TIMEOUT, HEADER_TIMEOUT, FrontDoor
-from pd_policy_vllm.http.media.fetch import RemoteMedia
-from pd_policy_vllm.http.media.guard import (
-    MEDIA_MAX_BYTES,
-    MEDIA_MAX_REDIRECTS,
-    MEDIA_TIMEOUT,
-    MediaLimits,
+from pd_policy_vllm.http.limit_flags import (
+    add_limit_flags,
+    front_door,
+    media_limits,
+    upstream_limits,
 )
-from pd_policy_vllm.http.upstream import DEFAULT_LIMITS, Limits
-from pd_policy_vllm.openai.wire.body import MAX_BODY
+from pd_policy_vllm.http.media.fetch import RemoteMedia
 
 __all__ = [
     "admin_hosts",
@@ -44,20 +40,6 @@ def _bind_host(value: str) -> str:
     return value[1:-1] if value.startswith("[") and value.endswith("]") else value
 
 
-def _positive(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, not {value}")
-    return number
-
-
-def _count(value: str, least: int = 0) -> int:
-    number = int(value)
-    if number < least:
-        raise argparse.ArgumentTypeError(f"must be {least} or more, not {value}")
-    return number
-
-
 def parser() -> argparse.ArgumentParser:
     """The command line of ``pd-policy-proxy``."""
     cli = argparse.ArgumentParser(
@@ -72,8 +54,12 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         help="an encoder-only worker's URL (ec_producer; repeat): E/P/D for media",
     )
-    add("--host", type=_bind_host, default="127.0.0.1",
-        help="address to bind (127.0.0.1; ::1 or [::1] for IPv6)")  # fmt: skip
+    add(
+        "--host",
+        type=_bind_host,
+        default="127.0.0.1",
+        help="address to bind (127.0.0.1; ::1 or [::1] for IPv6)",
+    )
     add("--port", type=int, default=8000, help="port to bind (8000)")
     add(
         "--processes",
@@ -109,23 +95,6 @@ def parser() -> argparse.ArgumentParser:
         help="the workers' --allowed-media-domains, when their servers do not say (none: any "
         "host); with it the proxy may fetch remote media for them",
     )
-    add("--media-max-bytes", type=lambda v: _count(v, 1), default=MEDIA_MAX_BYTES,
-        help="the most bytes the proxy fetches for one media item, beyond the worker's own "
-        f"cap: a 422 above ({MEDIA_MAX_BYTES})")  # fmt: skip
-    add("--media-max-redirects", type=_count, default=MEDIA_MAX_REDIRECTS,
-        help="redirects a media fetch may follow: a 422 past them "
-        f"({MEDIA_MAX_REDIRECTS})")  # fmt: skip
-    add("--media-timeout", type=_positive, default=MEDIA_TIMEOUT,
-        help="seconds one media fetch may take in all, beyond the worker's own time-out: "
-        f"a 504 after ({MEDIA_TIMEOUT:g})")  # fmt: skip
-    add("--media-allow-private-hosts", action="store_true",
-        help="let the proxy fetch media from loopback, private and link-local addresses, "
-        "which it refuses by default (labs only: a client could read the proxy's "
-        "network)")  # fmt: skip
-    add("--media-allow-network", action="append", default=[], metavar="CIDR",
-        type=ipaddress.ip_network,
-        help="a private network the proxy may fetch media from all the same, such as a "
-        "lab's media server's (repeat)")  # fmt: skip
     add(
         "--worker-api-key-file",
         type=Path,
@@ -168,45 +137,42 @@ def parser() -> argparse.ArgumentParser:
         help="serve /admin/workers: list, add and drain workers at run time, to an admin "
         "key only (one is required)",
     )
-    add("--trust-client-uuids", action="store_true",
+    add(
+        "--trust-client-uuids",
+        action="store_true",
         help="forward a client's media uuid as sent, as vLLM takes it: every client's uuids "
         "then share one namespace, and one tenant's uuid can name another's image (default: "
-        "each uuid is scoped to its tenant, the request's cache_salt and API key)")  # fmt: skip
-    add("--admin-api-key", action="append", default=[], metavar="KEY",
+        "each uuid is scoped to its tenant, the request's cache_salt and API key)",
+    )
+    add(
+        "--admin-api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
         help="a key that admits /admin/* (repeat; also $PD_POLICY_ADMIN_API_KEYS, "
         "comma-separated): never a client's, and it admits no /v1 route unless also one. "
-        "A flag shows in ps: prefer the environment or --admin-api-keys-file")  # fmt: skip
-    add("--admin-api-keys-file", type=Path,
-        help="a file of admin keys, one a line (else $PD_POLICY_ADMIN_API_KEYS)")  # fmt: skip
-    add("--admin-allowed-hosts", action="append", metavar="HOSTS",
+        "A flag shows in ps: prefer the environment or --admin-api-keys-file",
+    )
+    add(
+        "--admin-api-keys-file",
+        type=Path,
+        help="a file of admin keys, one a line (else $PD_POLICY_ADMIN_API_KEYS)",
+    )
+    add(
+        "--admin-allowed-hosts",
+        action="append",
+        metavar="HOSTS",
         help="the hosts an admin may add a worker on: names, addresses and CIDR networks "
-        "(repeat, or comma-separated; a network matches address literals only) (any)")  # fmt: skip
-    add("--max-body-mib", type=_positive, default=MAX_BODY / 2**20,
-        help="the largest request body a client may send, in MiB: a 413 above (256)")  # fmt: skip
-    add("--header-timeout", type=_positive, default=HEADER_TIMEOUT,
-        help="seconds a client has to send a request's headers, from its connection's "
-        "start or the end of its last response: also how long an idle connection is kept "
-        "(75)")  # fmt: skip
-    add("--body-timeout", type=_positive, default=BODY_TIMEOUT,
-        help="seconds a client has to send a request's whole body: a 408 after (300)")  # fmt: skip
-    add("--request-timeout", type=_positive, default=None,
-        help="seconds a whole request may take, its retries included: a 504 after, or the "
-        "stream's last event once it has begun (none)")  # fmt: skip
-    add("--worker-read-timeout", type=_positive, default=DEFAULT_LIMITS.read_timeout,
-        help="seconds a leg waits for a worker's answer, and its longest silence in one: "
-        "a 504 after (600; a long prefill is not a fault)")  # fmt: skip
-    add("--max-response-mib", type=_positive,
-        default=DEFAULT_LIMITS.max_response_bytes / 2**20,
-        help="the largest answer a leg reads from a worker, in MiB: a 502 above (256)")  # fmt: skip
-    add("--max-connections-per-worker", type=lambda v: _count(v, 1),
-        default=DEFAULT_LIMITS.max_connections,
-        help="connections open at once to one worker; legs past it wait (256)")  # fmt: skip
-    add("--worker-queue-timeout", type=_positive, default=DEFAULT_LIMITS.queue_timeout,
-        help="seconds a leg waits for a connection to a busy worker: a 503 after, and "
-        "another worker is tried (30)")  # fmt: skip
+        "(repeat, or comma-separated; a network matches address literals only) (any)",
+    )
+    add_limit_flags(cli)
     add("--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers")
-    add("--no-access-log", dest="access_log", action="store_false",
-        help="log no requests: neither the access log nor the one JSON line a request")  # fmt: skip
+    add(
+        "--no-access-log",
+        dest="access_log",
+        action="store_false",
+        help="log no requests: neither the access log nor the one JSON line a request",
+    )
     return cli
 
 
@@ -221,14 +187,6 @@ def operator_says(args: argparse.Namespace) -> OperatorSays:
     )
 
 
-def upstream_limits(args: argparse.Namespace) -> Limits:
-    """The bounds on the workers' answers the flags set."""
-    return Limits(read_timeout=args.worker_read_timeout,
-                  max_response_bytes=int(args.max_response_mib * 2**20),
-                  max_connections=args.max_connections_per_worker,
-                  queue_timeout=args.worker_queue_timeout)  # fmt: skip
-
-
 def admin_hosts(args: argparse.Namespace) -> AllowedHosts | None:
     """The hosts an admin may add a worker on; ``None``: any. Raises
     [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for an entry that is
@@ -236,21 +194,7 @@ def admin_hosts(args: argparse.Namespace) -> AllowedHosts | None:
     return allowed_hosts(args.admin_allowed_hosts) if args.admin_allowed_hosts else None
 
 
-def front_door(args: argparse.Namespace) -> FrontDoor:
-    """The limits on clients the flags set."""
-    return FrontDoor(max_body=int(args.max_body_mib * 2**20), header_timeout=args.header_timeout,
-                     body_timeout=args.body_timeout)  # fmt: skip
-
-
 def client_uuids(args: argparse.Namespace) -> ClientUuids:
     """What the flags say a client's media uuid is forwarded as: scoped to its tenant
     unless ``--trust-client-uuids``."""
     return ClientUuids.TRUSTED if args.trust_client_uuids else ClientUuids.SCOPED
-
-
-def media_limits(args: argparse.Namespace) -> MediaLimits:
-    """The proxy's own limits on a media fetch the flags set."""
-    return MediaLimits(max_bytes=args.media_max_bytes, max_redirects=args.media_max_redirects,
-                       timeout=args.media_timeout,
-                       allow_private_hosts=args.media_allow_private_hosts,
-                       allow_networks=args.media_allow_network)  # fmt: skip

@@ -1,7 +1,7 @@
 """The front door: what a client's request must pass to get in, and what it is once in.
 
-[`admit`][pd_policy_vllm.http.front_door.admit] checks the client's key (a 401, reading
-nothing, when keys are set and it has none of them), reads its body within the limits
+[`admit`][pd_policy_vllm.http.front_door.admit] takes a client the proxy let in (its key
+checked first: [`Keys`][pd_policy_vllm.http.auth.Keys]), reads its body within the limits
 below, parses it (a chat body with its data URLs left in its bytes), scopes its media
 uuids to its tenant, and, for the Responses API, makes its chat equivalent: an
 [`Incoming`][pd_policy_vllm.http.front_door.Incoming] request, or a typed refusal.
@@ -34,9 +34,8 @@ from typing import Any, Final
 
 import attrs
 
-from pd_policy import BodyTooLarge, ClientTooSlow, ClientUuids, PolicyError, Unauthorized
+from pd_policy import BodyTooLarge, ClientTooSlow, ClientUuids, PolicyError
 from pd_policy_vllm.http.aio import web
-from pd_policy_vllm.http.auth import Keys
 from pd_policy_vllm.openai.media.tenant import scoped_body
 from pd_policy_vllm.openai.plan.legs import Leg
 from pd_policy_vllm.openai.plan.request import Route
@@ -48,10 +47,10 @@ from pd_policy_vllm.openai.wire.skim import skim
 __all__ = [
     "BODY_TIMEOUT",
     "HEADER_TIMEOUT",
-    "AiohttpBody",
     "FrontDoor",
     "Incoming",
     "admit",
+    "client_body",
     "error_response",
     "refusal",
 ]
@@ -106,29 +105,12 @@ async def refusal(request: web.Request, error: PolicyError) -> web.StreamRespons
     return response
 
 
-class AiohttpBody:
-    """``aiohttp``'s request body as a
-    [`BodySource`][pd_policy_vllm.openai.wire.body.BodySource]."""
-
-    def __init__(self, request: web.Request) -> None:
-        self._request = request
-
-    @property
-    def declared(self) -> int | None:
-        # A compressed body is decompressed by the server: its length is known at its end.
-        if "Content-Encoding" in self._request.headers:
-            return None
-        return self._request.content_length
-
-    async def chunk(self) -> bytes:
-        return await self._request.content.readany()
-
-    async def whole(self, limit: int) -> bytes:
-        # The application's client_max_size is the door's max_body: the server refuses more.
-        try:
-            return await self._request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise too_large(limit) from None
+async def _whole(request: web.Request, limit: int) -> bytes:
+    # The application's client_max_size is the door's limit: the server refuses more.
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large(limit) from None
 
 
 @attrs.frozen(slots=True)
@@ -148,28 +130,38 @@ class Incoming:
     translate: Callable[[Leg, bool], Leg] | None = None
 
 
+async def client_body(request: web.Request, door: FrontDoor) -> bytes:
+    """The whole body of ``request``, within ``door``'s limits
+    ([`read_body`][pd_policy_vllm.openai.wire.body.read_body] over ``aiohttp``'s reads).
+    Raises its refusals: 413, 408, 400."""
+    # A compressed body is decompressed by the server: its length is known at its end.
+    declared = None if "Content-Encoding" in request.headers else request.content_length
+    whole = functools.partial(_whole, request, door.max_body)
+    return await read_body(
+        declared, request.content.readany, whole, door.max_body, door.body_timeout
+    )
+
+
 async def admit(
     request: web.Request,
     route: Route,
     request_id: str,
     door: FrontDoor,
-    keys: Keys,
     uuids: ClientUuids,
     *,
+    keyed: bool,
     served_as: str | None = None,
 ) -> Incoming:
-    """The request ``request_id``, admitted (see the module docs); ``served_as`` is the
-    client's route when it is another API planned as ``route``. Raises
-    [`Unauthorized`][pd_policy.errors.Unauthorized] (401) before reading anything, and
-    the refusals of reading and parsing the body (413, 408, 400)."""
-    authorization = request.headers.get("Authorization")
-    if not keys.admits(authorization):
-        raise Unauthorized()
-    raw = await read_body(AiohttpBody(request), door.max_body, door.body_timeout)
+    """The request ``request_id`` of a client the proxy let in, admitted (see the module
+    docs): ``keyed`` when the proxy checks clients' keys (its bearer key is then one of
+    its tenant's names); ``served_as`` is the client's route when it is another API
+    planned as ``route``. Raises the refusals of reading and parsing the body (413, 408,
+    400)."""
+    raw = await client_body(request, door)
     # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
     body = skim(raw) if route is Route.CHAT and served_as is None else loads(raw)
     stream = isinstance(body, dict) and bool(body.get("stream"))
-    keyed = bool(keys.clients)
+    authorization = request.headers.get("Authorization")
     body, spliceable = scoped_body(body, raw, authorization, keyed=keyed, mode=uuids)
     translate = None
     if served_as == RESPONSES:

@@ -12,13 +12,17 @@ from typing import Any
 
 import attrs
 
-from pd_policy import DecodeCandidate, MalformedRequest, Placement, Request
+from pd_policy import MalformedRequest, PolicyError, Request
+from pd_policy.exchange_events import Event, PlanFailed
+from pd_policy.exchange_events import Plan as PlanAction
 from pd_policy_vllm.http.aio import aiohttp
+from pd_policy_vllm.http.attempt import Attempt
 from pd_policy_vllm.http.fleet.members import Member
-from pd_policy_vllm.http.fleet.routing import HttpPlacer, decode_capability
+from pd_policy_vllm.http.fleet.routing import Chosen
 from pd_policy_vllm.http.front_door import Incoming
 from pd_policy_vllm.http.media.fetch import RemoteMedia, pin_remote_media, refuse_remote_media
 from pd_policy_vllm.http.media.guard import MediaLimits
+from pd_policy_vllm.openai.plan.events import planned
 from pd_policy_vllm.openai.plan.steps import STRIPPED, Plan, plan_request
 from pd_policy_vllm.openai.workers import HttpWorker
 
@@ -46,14 +50,14 @@ class Planning:
     session: aiohttp.ClientSession
 
     def _plan(
-        self, body: Any, incoming: Incoming, placement: Placement[HttpWorker], made: Request | None
+        self, body: Any, incoming: Incoming, chosen: Chosen, made: Request | None
     ) -> Plan[Member]:
-        prefill, decode = placement.prefill, placement.decode
-        candidate = DecodeCandidate(decode_capability(decode), decode)
+        placement = chosen.placement
+        prefill = placement.prefill
         return plan_request(
             body,
             incoming.route,
-            [candidate],
+            [chosen.decode],
             prefill.worker.kv,
             mrope=self.mrope,
             request_id=incoming.request_id,
@@ -63,22 +67,42 @@ class Planning:
             request=made,
         )
 
-    async def plan(
-        self, incoming: Incoming, placement: Placement[HttpWorker], placer: HttpPlacer
-    ) -> Plan[Member]:
-        """The plan of an attempt at ``incoming`` on ``placement`` (``placer`` chose it, and
-        read the request it may reuse). Raises every refusal the policy makes before
-        prefill, the proxy's own refusals of another API's legs, and those of a remote
-        media fetch.
+    async def planned(self, attempt: Attempt, action: PlanAction[HttpWorker]) -> Event:
+        """The exchange's ``Plan``, done: the attempt's plan on its members, as the event
+        that says what it needs (or why it could not be made)."""
+        if action.after is not None:
+            attempt.retried.append(action.leg.value if action.leg is not None else "plan")
+        attempt.placement, attempt.plan, attempt.leg, attempt.reply = (
+            action.placement,
+            None,
+            None,
+            None,
+        )
+        chosen = attempt.placer.chosen
+        assert chosen is not None and chosen.placement is action.placement
+        try:
+            plan = await self.plan(attempt.incoming, chosen)
+        except PolicyError as exc:
+            return PlanFailed(exc)
+        attempt.plan, attempt.form = plan, plan.form.value
+        return planned(plan)
+
+    async def plan(self, incoming: Incoming, chosen: Chosen) -> Plan[Member]:
+        """The plan of an attempt at ``incoming`` on the members ``chosen`` (by the
+        proxy's placement, with the request it may reuse). Raises every refusal the policy
+        makes before prefill, the proxy's own refusals of another API's legs, and those of
+        a remote media fetch.
 
         Another API planned as chat (the Responses API: ``translate``) is refused (400)
         where its decode leg is not a chat leg (the M-RoPE metadata path, E/P/D), and for
         remote media on a decode leg that keeps it: that leg is the client's own request,
         whose URL the decode would fetch again, and the content could differ from what
         the prefill saw."""
-        prefill = placement.prefill
+        prefill = chosen.placement.prefill
         body = incoming.body
-        plan = self._plan(body, incoming, placement, placer.request_for(prefill.worker))
+        mode = remote_media_for(self.remote_media, prefill)
+        rules = prefill.worker.media.rules
+        plan = self._plan(body, incoming, chosen, chosen.request)
         if incoming.translate is not None:
             if plan.render is not None or plan.epd:
                 raise MalformedRequest(
@@ -92,13 +116,11 @@ class Planning:
                     "send it as a data URL, or use /v1/chat/completions",
                     param="input",
                 )
-        mode = remote_media_for(self.remote_media, prefill)
-        rules = prefill.worker.media.rules
         if plan.uncached and mode is RemoteMedia.REFUSE:
             refuse_remote_media(body, rules)
         if plan.uncached and plan.prefill is not None and mode is RemoteMedia.FETCH:
             # Fetched once, after every refusal the policy can make without it: the same
             # bytes to every leg, and an identity that is their hash.
             pinned = await pin_remote_media(self.session, body, rules, self.media_limits)
-            plan = self._plan(pinned, incoming, placement, None)
+            plan = self._plan(pinned, incoming, chosen, None)
         return plan

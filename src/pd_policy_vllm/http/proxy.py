@@ -224,10 +224,18 @@ class Proxy:
         it is another API that is planned as ``route`` (the Responses API, as chat)."""
         arrived = time.monotonic()
         request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
-        door, keys, uuids = self.front_door, self.keys, self.client_uuids
+        keys = self.keys
         try:
+            if not keys.admits(request.headers.get("Authorization")):
+                raise Unauthorized()  # no byte of its body is read, no worker called
             incoming = await admit(
-                request, route, request_id, door, keys, uuids, served_as=served_as
+                request,
+                route,
+                request_id,
+                self.front_door,
+                self.client_uuids,
+                keyed=bool(keys.clients),
+                served_as=served_as,
             )
         except PolicyError as exc:
             # Refused at the door, before any plan: logged, not counted by form.

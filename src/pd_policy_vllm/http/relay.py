@@ -18,7 +18,7 @@ from typing import Final
 
 from pd_policy import PolicyError, WorkerStreamError
 from pd_policy_vllm.http.aio import aiohttp, web
-from pd_policy_vllm.http.calls import failed_leg, leg_headers, parsed, post_json, worker_error
+from pd_policy_vllm.http.calls import failed_leg, parsed, post_json, worker_error
 from pd_policy_vllm.http.upstream import Response, Upstream, UpstreamTimeout
 from pd_policy_vllm.openai.plan.legs import Leg
 from pd_policy_vllm.openai.plan.scale_out import Derender
@@ -49,8 +49,7 @@ async def _derendered(
     url: str,
     derender: Derender,
     up: Response,
-    request_id: str,
-    headers: Mapping[str, str] | None,
+    headers: Mapping[str, str],
 ) -> AsyncIterator[bytes]:
     state = None
     first = True
@@ -59,9 +58,7 @@ async def _derendered(
             break
         chunk = parsed(data, "decode", "a decode event")
         call = derender.chunk(chunk, state)
-        answer = await post_json(
-            upstream, "decode", url + derender.route, call, request_id, headers
-        )
+        answer = await post_json(upstream, "decode", url + derender.route, call, headers)
         if not isinstance(answer, dict) or "chunk" not in answer:
             raise WorkerStreamError("decode", detail="the derender gave no chunk", http_status=502)
         state = answer.get("stream_state")
@@ -91,15 +88,15 @@ class DecodeRelay:
         upstream: Upstream,
         url: str,
         leg: Leg,
-        request_id: str,
+        headers: Mapping[str, str],
         *,
         stream: bool,
-        headers: Mapping[str, str] | None = None,
     ) -> PolicyError | None:
-        """Send the decode ``leg`` to the worker at ``url`` (with ``headers``: the workers'
-        key) and answer the client with what it returns, as an event stream when
-        ``stream``. Returns ``None`` when the answer is whole, and the failure that ended
-        the stream after its first byte, as its last event.
+        """Send the decode ``leg`` to the worker at ``url`` (with ``headers``: the legs',
+        [`leg_headers`][pd_policy_vllm.http.calls.leg_headers]) and answer the client with
+        what it returns, as an event stream when ``stream``. Returns ``None`` when the
+        answer is whole, and the failure that ended the stream after its first byte, as
+        its last event.
 
         Raises the leg's failure (``WorkerFailedToStart``, ``WorkerStreamError``, a policy
         error of the derender) when it comes before any byte went to the client, so that
@@ -107,9 +104,7 @@ class DecodeRelay:
         data = dumps(leg.body)
         self.sent = len(data)
         try:
-            async with await upstream.post(
-                url + leg.route, data, leg_headers(request_id, headers, url)
-            ) as up:
+            async with await upstream.post(url + leg.route, data, headers) as up:
                 if up.status != 200:
                     raise await worker_error("decode", up)
                 if not stream:
@@ -117,9 +112,7 @@ class DecodeRelay:
                     if leg.derender is not None:
                         whole = leg.derender.whole(parsed(raw, "decode", "the decode response"))
                         route = url + leg.derender.route
-                        answer = await post_json(
-                            upstream, "decode", route, whole, request_id, headers
-                        )
+                        answer = await post_json(upstream, "decode", route, whole, headers)
                         raw = dumps(leg.derender.with_prompt_ids(answer))
                     # The worker's answer is the client's, byte for byte: no parse, no dump.
                     self.response = web.Response(body=raw, content_type=_JSON)
@@ -133,7 +126,7 @@ class DecodeRelay:
                     async for piece in up:
                         await out.write(piece)
                 else:
-                    events = _derendered(upstream, url, leg.derender, up, request_id, headers)
+                    events = _derendered(upstream, url, leg.derender, up, headers)
                     async for event in events:
                         await out.write(b"data: " + event + b"\n\n")
         except (aiohttp.ClientError, PolicyError) as exc:

@@ -32,11 +32,13 @@ COMPLETE_HANDOFFS: Final[dict[KvConnectorMode, dict[str, object]]] = {
     KvConnectorMode.NIXL: NIXL,
     KvConnectorMode.TRANSFER: {"do_remote_prefill": True, "transfer_id": "xfer-1"},
     KvConnectorMode.MOONCAKE: {
-        "do_remote_prefill": True, "transfer_id": "xfer-1", "remote_engine_id": "p0",
+        "do_remote_prefill": True,
+        "transfer_id": "xfer-1",
+        "remote_engine_id": "p0",
         "remote_bootstrap_addr": "http://p0.local:8998",
     },
     KvConnectorMode.PASSTHROUGH: {"loaded_from": "store"},
-}  # fmt: skip
+}
 
 #: Salts and hashes built to break naive encodings: separators, prefixes, NUL, non-ASCII.
 ADVERSARIAL: Final = ("a,b", "a", "b", ",", ":", "mm:", "mm1:", "a\x00b", "é", "日本", "x" * 300)
@@ -55,28 +57,52 @@ def _handoff_field_cases(add: Any, lm_only: dict[str, Any]) -> None:
     for mode, complete in COMPLETE_HANDOFFS.items():
         m = mode.value
         for name, returned in (("complete", complete), ("empty", {})):
-            add(f"handoff/image/{name}/{m}/lm_only", f"a {name} handoff under {m}",
-                request=image, decode_worker=lm_only,
-                prefill={"mode": m, "kv_transfer_params": returned})  # fmt: skip
+            add(
+                f"handoff/image/{name}/{m}/lm_only",
+                f"a {name} handoff under {m}",
+                request=image,
+                decode_worker=lm_only,
+                prefill={"mode": m, "kv_transfer_params": returned},
+            )
         for field in REQUIRED_KV_FIELDS[mode]:
             less = {k: v for k, v in complete.items() if k != field}
-            add(f"handoff/image/without_{field}/{m}/lm_only", f"{m} without {field}: 502",
-                request=image, decode_worker=lm_only,
-                prefill={"mode": m, "kv_transfer_params": less})  # fmt: skip
-        add(f"handoff/text/empty/{m}/lm_only", "text recomputes whatever it was handed",
-            request=text, decode_worker=lm_only,
-            prefill={"mode": m, "kv_transfer_params": {}})  # fmt: skip
+            add(
+                f"handoff/image/without_{field}/{m}/lm_only",
+                f"{m} without {field}: 502",
+                request=image,
+                decode_worker=lm_only,
+                prefill={"mode": m, "kv_transfer_params": less},
+            )
+        add(
+            f"handoff/text/empty/{m}/lm_only",
+            "text recomputes whatever it was handed",
+            request=text,
+            decode_worker=lm_only,
+            prefill={"mode": m, "kv_transfer_params": {}},
+        )
     unset = {**NIXL, "do_remote_prefill": False}
-    add("handoff/image/flag_false/nixl/lm_only", "do_remote_prefill false loads nothing: 502",
-        request=image, decode_worker=lm_only,
-        prefill={"mode": "nixl", "kv_transfer_params": unset})  # fmt: skip
+    add(
+        "handoff/image/flag_false/nixl/lm_only",
+        "do_remote_prefill false loads nothing: 502",
+        request=image,
+        decode_worker=lm_only,
+        prefill={"mode": "nixl", "kv_transfer_params": unset},
+    )
     legacy = {"remote_host": "p0", "remote_port": 7000}
-    add("handoff/image/legacy/nixl/lm_only", "NIXL finds no KV by host and port: 502",
-        request=image, decode_worker=lm_only,
-        prefill={"mode": "nixl", "kv_transfer_params_legacy": legacy})  # fmt: skip
-    add("handoff/image/nulls/passthrough/lm_only", "an object of nulls names nothing: 502",
-        request=image, decode_worker=lm_only,
-        prefill={"mode": "passthrough", "kv_transfer_params": {"a": None, "b": ""}})  # fmt: skip
+    add(
+        "handoff/image/legacy/nixl/lm_only",
+        "NIXL finds no KV by host and port: 502",
+        request=image,
+        decode_worker=lm_only,
+        prefill={"mode": "nixl", "kv_transfer_params_legacy": legacy},
+    )
+    add(
+        "handoff/image/nulls/passthrough/lm_only",
+        "an object of nulls names nothing: 502",
+        request=image,
+        decode_worker=lm_only,
+        prefill={"mode": "passthrough", "kv_transfer_params": {"a": None, "b": ""}},
+    )
 
 
 def all_cases() -> list[dict[str, Any]]:

@@ -14,8 +14,13 @@ _HANDED: Final = {"params": {"do_remote_prefill": True, "transfer_id": "t"}}
 
 
 def _planned(*legs: str, form: str = "text_plus_hashes", multimodal: bool = True) -> dict[str, Any]:
-    return {"event": "planned", "legs": list(legs), "form": form, "multimodal": multimodal,
-            "mode": "transfer"}  # fmt: skip
+    return {
+        "event": "planned",
+        "legs": list(legs),
+        "form": form,
+        "multimodal": multimodal,
+        "mode": "transfer",
+    }
 
 
 def _failed(
@@ -36,56 +41,121 @@ def exchange_cases(add: Callable[..., None]) -> None:
     pd = [_BEGIN, _planned("prefill")]
     again = [_planned("prefill"), _PREFILLED, _DECODED]
     cases: dict[str, tuple[str, dict[str, Any], list[dict[str, Any]]]] = {
-        "pd/ok": ("prefill, the handoff checked, decode, credit", _TWO,
-                  [*pd, _PREFILLED, _FIRST, _DECODED]),
-        "pd/no_handoff": ("a stripped image leg handed nothing: the 502, no decode", _TWO,
-                          [*pd, {"event": "leg_answered", "leg": "prefill", "kv": {"params": {}}}]),
-        "pd/text_recomputes": ("text keeps the local recompute, whatever it was handed", _TWO,
-                               [_BEGIN, _planned("prefill", multimodal=False),
-                                {"event": "leg_answered", "leg": "prefill"}, _DECODED]),
-        "pd/decode_alone": ("n>1: no prefill, the decode at once", _TWO,
-                            [_BEGIN, _planned(form="full"), _DECODED]),
-        "retry/decode_503": ("a decode 503 before any byte: penalized, left out, tried again",
-                             _TWO, [*pd, _PREFILLED, _failed("decode", 503), *again]),
-        "retry/prefill_400": ("a worker's 400 is not retried, nor held against it", _TWO,
-                              [*pd, _failed("prefill", 400)]),
-        "retry/429": ("a 429 is retried elsewhere but not held against the worker", _TWO,
-                      [*pd, _failed("prefill", 429), *again]),
-        "retry/nobody_left": ("no member left to retry on: the failure that made it try",
-                              {"prefill": ["p0"], "decode": ["d0"]},
-                              [*pd, _PREFILLED, _failed("decode", 502)]),
-        "retry/fetch_then_refused": ("a media host that did not answer is retried; a refusal "
-                                     "is not", _TWO,
-                                     [_BEGIN, {"event": "plan_failed",
-                                               "error": {"code": "pd_media_unreachable"}},
-                                      {"event": "plan_failed",
-                                       "error": {"code": "pd_invalid_request"}}]),
-        "late/stream_error": ("after the first byte a failure ends the stream: no retry", _TWO,
-                              [*pd, _PREFILLED, _FIRST,
-                               _failed("decode", 502, stream=True)]),
-        "epd/order": ("render and encode on the encoder, then prefill, then decode",
-                      {**_TWO, "encode": ["e0"]},
-                      [_BEGIN, _planned("render", "encode", "prefill"),
-                       {"event": "leg_answered", "leg": "render"},
-                       {"event": "leg_answered", "leg": "encode"}, _PREFILLED, _DECODED]),
-        "metadata/render_on_prefill": ("without an encode, the prefill renders", _TWO,
-                                       [_BEGIN, _planned("render", "prefill",
-                                                         form="mrope_metadata"),
-                                        {"event": "leg_answered", "leg": "render"},
-                                        _PREFILLED, _DECODED]),
-        "client_left": ("the client leaves mid-prefill: released, nobody blamed", _TWO,
-                        [*pd, {"event": "client_left"}]),
-        "deadline/before_first_byte": ("the deadline passes: a 504", _TWO,
-                                       [*pd, {"event": "deadline_passed"}]),
-        "deadline/after_first_byte": ("the deadline passes mid-stream: its last event", _TWO,
-                                      [*pd, _PREFILLED, _FIRST, {"event": "deadline_passed"}]),
-        "out_of_turn/first_byte": ("a first byte before any decode: a router's bug", _TWO,
-                                   [_BEGIN, _FIRST]),
-        "out_of_turn/encode_without_encoder": ("an encode leg with no encoder placed", _TWO,
-                                               [_BEGIN, _planned("encode", "prefill")]),
-    }  # fmt: skip
+        "pd/ok": (
+            "prefill, the handoff checked, decode, credit",
+            _TWO,
+            [*pd, _PREFILLED, _FIRST, _DECODED],
+        ),
+        "pd/no_handoff": (
+            "a stripped image leg handed nothing: the 502, no decode",
+            _TWO,
+            [*pd, {"event": "leg_answered", "leg": "prefill", "kv": {"params": {}}}],
+        ),
+        "pd/text_recomputes": (
+            "text keeps the local recompute, whatever it was handed",
+            _TWO,
+            [
+                _BEGIN,
+                _planned("prefill", multimodal=False),
+                {"event": "leg_answered", "leg": "prefill"},
+                _DECODED,
+            ],
+        ),
+        "pd/decode_alone": (
+            "n>1: no prefill, the decode at once",
+            _TWO,
+            [_BEGIN, _planned(form="full"), _DECODED],
+        ),
+        "retry/decode_503": (
+            "a decode 503 before any byte: penalized, left out, tried again",
+            _TWO,
+            [*pd, _PREFILLED, _failed("decode", 503), *again],
+        ),
+        "retry/prefill_400": (
+            "a worker's 400 is not retried, nor held against it",
+            _TWO,
+            [*pd, _failed("prefill", 400)],
+        ),
+        "retry/429": (
+            "a 429 is retried elsewhere but not held against the worker",
+            _TWO,
+            [*pd, _failed("prefill", 429), *again],
+        ),
+        "retry/nobody_left": (
+            "no member left to retry on: the failure that made it try",
+            {"prefill": ["p0"], "decode": ["d0"]},
+            [*pd, _PREFILLED, _failed("decode", 502)],
+        ),
+        "retry/fetch_then_refused": (
+            "a media host that did not answer is retried; a refusal is not",
+            _TWO,
+            [
+                _BEGIN,
+                {"event": "plan_failed", "error": {"code": "pd_media_unreachable"}},
+                {"event": "plan_failed", "error": {"code": "pd_invalid_request"}},
+            ],
+        ),
+        "late/stream_error": (
+            "after the first byte a failure ends the stream: no retry",
+            _TWO,
+            [*pd, _PREFILLED, _FIRST, _failed("decode", 502, stream=True)],
+        ),
+        "epd/order": (
+            "render and encode on the encoder, then prefill, then decode",
+            {**_TWO, "encode": ["e0"]},
+            [
+                _BEGIN,
+                _planned("render", "encode", "prefill"),
+                {"event": "leg_answered", "leg": "render"},
+                {"event": "leg_answered", "leg": "encode"},
+                _PREFILLED,
+                _DECODED,
+            ],
+        ),
+        "metadata/render_on_prefill": (
+            "without an encode, the prefill renders",
+            _TWO,
+            [
+                _BEGIN,
+                _planned("render", "prefill", form="mrope_metadata"),
+                {"event": "leg_answered", "leg": "render"},
+                _PREFILLED,
+                _DECODED,
+            ],
+        ),
+        "client_left": (
+            "the client leaves mid-prefill: released, nobody blamed",
+            _TWO,
+            [*pd, {"event": "client_left"}],
+        ),
+        "deadline/before_first_byte": (
+            "the deadline passes: a 504",
+            _TWO,
+            [*pd, {"event": "deadline_passed"}],
+        ),
+        "deadline/after_first_byte": (
+            "the deadline passes mid-stream: its last event",
+            _TWO,
+            [*pd, _PREFILLED, _FIRST, {"event": "deadline_passed"}],
+        ),
+        "out_of_turn/first_byte": (
+            "a first byte before any decode: a router's bug",
+            _TWO,
+            [_BEGIN, _FIRST],
+        ),
+        "out_of_turn/encode_without_encoder": (
+            "an encode leg with no encoder placed",
+            _TWO,
+            [_BEGIN, _planned("encode", "prefill")],
+        ),
+    }
     for name, (description, members, events) in cases.items():
-        add(f"exchange/{name}", description, "exchange", members=members, attempts=2,
-            events=events)  # fmt: skip
-    add("exchange/budget/one_attempt", "a budget of one: the first failure is the last",
-        "exchange", members=_TWO, attempts=1, events=[*pd, _failed("prefill", 503)])  # fmt: skip
+        add(f"exchange/{name}", description, "exchange", members=members, attempts=2, events=events)
+    add(
+        "exchange/budget/one_attempt",
+        "a budget of one: the first failure is the last",
+        "exchange",
+        members=_TWO,
+        attempts=1,
+        events=[*pd, _failed("prefill", 503)],
+    )

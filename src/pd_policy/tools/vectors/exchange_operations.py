@@ -118,9 +118,11 @@ def _event(item: object) -> Event:
         return _SIMPLE[name]()
     if name == "planned":
         legs = frozenset(_enum(Leg, leg, "leg") for leg in field(item, "legs", list))
-        check = HandoffCheck(_enum(DecodeForm, field(item, "form", str), "form"),
-                             field(item, "multimodal", bool),
-                             _enum(KvConnectorMode, field(item, "mode", str), "mode"))  # fmt: skip
+        check = HandoffCheck(
+            _enum(DecodeForm, field(item, "form", str), "form"),
+            field(item, "multimodal", bool),
+            _enum(KvConnectorMode, field(item, "mode", str), "mode"),
+        )
         return Planned(legs, check, _kv(item) or KvFacts())
     if name == "plan_failed":
         return PlanFailed(_error(item.get("error")))
@@ -172,8 +174,9 @@ def _exchange_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
                     return member
             raise NoWorkerAvailable(role)
 
-        return Placement(first("prefill"), first("decode"),
-                         first("encode") if members["encode"] else None)  # fmt: skip
+        return Placement(
+            first("prefill"), first("decode"), first("encode") if members["encode"] else None
+        )
 
     attempts = field(case, "attempts", int)
     if attempts < 1:

@@ -19,9 +19,13 @@ WORKERS: Final = {
 }
 #: What a NIXL prefill returns, complete (the fields of ``REQUIRED_KV_FIELDS[NIXL]``).
 NIXL: Final = {
-    "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "p0",
-    "remote_block_ids": [0, 1], "remote_host": "p0.local", "remote_port": 5600,
-}  # fmt: skip
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+    "remote_engine_id": "p0",
+    "remote_block_ids": [0, 1],
+    "remote_host": "p0.local",
+    "remote_port": 5600,
+}
 
 
 def req(request: Request) -> dict[str, Any]:

@@ -23,9 +23,11 @@ def _snapshot(i: int, item: object) -> WorkerSnapshot[int]:
     if not isinstance(item, Mapping):
         raise MalformedRequest("a worker must be an object", param=f"workers[{i}]")
     return WorkerSnapshot(
-        field(item, "name", str), i, field(item, "routable", bool, default=True),
+        field(item, "name", str),
+        i,
+        field(item, "routable", bool, default=True),
         field(item, "outstanding", int, default=0),
-    )  # fmt: skip
+    )
 
 
 def _choose_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,9 +44,13 @@ def _choose_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
         raise MalformedRequest("must be a number", param="bound")
     try:
         chosen = choose(
-            workers, role=field(case, "role", str), affinity=opt_field(case, "affinity", str),
-            bound=float(bound), balance=balance, draws=(draws[0], draws[1]),
-        )  # fmt: skip
+            workers,
+            role=field(case, "role", str),
+            affinity=opt_field(case, "affinity", str),
+            bound=float(bound),
+            balance=balance,
+            draws=(draws[0], draws[1]),
+        )
     except PolicyError as exc:
         return error(exc)
     return {"status": 200, "chosen": chosen.handle}

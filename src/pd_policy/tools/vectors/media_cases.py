@@ -25,9 +25,13 @@ def media_cases(add: Callable[..., None]) -> None:
                     f"media_identity/basis/{name}",
                     "the basis of an item's identity",
                     "media_identity",
-                    modality="image", source=source.value, has_uuid=has_uuid, pinned=pinned,
-                    worker=worker, value=_DIGEST,
-                )  # fmt: skip
+                    modality="image",
+                    source=source.value,
+                    has_uuid=has_uuid,
+                    pinned=pinned,
+                    worker=worker,
+                    value=_DIGEST,
+                )
     image = {"modality": "image", "source": "inline", "value": _DIGEST}
     variants: dict[str, dict[str, object]] = {
         "plain": {},
@@ -45,12 +49,26 @@ def media_cases(add: Callable[..., None]) -> None:
         "empty_option": {"factors": {"processor_kwargs": {}}},
     }
     for name, changes in variants.items():
-        add(f"media_identity/same_or_not/{name}", "what makes two items one", "media_identity",
-            **{**image, **changes})  # fmt: skip
-    add("media_identity/named_without_uuid", "an item with no data and no uuid",
-        "media_identity", modality="audio", source="named", value="x")  # fmt: skip
-    add("media_identity/empty_value", "an identity needs a value", "media_identity",
-        **{**image, "value": ""})  # fmt: skip
+        add(
+            f"media_identity/same_or_not/{name}",
+            "what makes two items one",
+            "media_identity",
+            **{**image, **changes},
+        )
+    add(
+        "media_identity/named_without_uuid",
+        "an item with no data and no uuid",
+        "media_identity",
+        modality="audio",
+        source="named",
+        value="x",
+    )
+    add(
+        "media_identity/empty_value",
+        "an identity needs a value",
+        "media_identity",
+        **{**image, "value": ""},
+    )
     urls = {
         "data": "data:image/png;base64,AAAA",
         "https_allowed": "https://media.example/a.png?sig=secret",
@@ -62,7 +80,16 @@ def media_cases(add: Callable[..., None]) -> None:
         "file_outside": "file:///etc/passwd",
     }
     for name, url in urls.items():
-        add(f"check_media_url/{name}", "a media URL against the worker's rules",
-            "check_media_url", url=url, rules=_WORKER_RULES)  # fmt: skip
-    add("check_media_url/file_default_rules", "vLLM's defaults read no local file",
-        "check_media_url", url=urls["file_inside"])  # fmt: skip
+        add(
+            f"check_media_url/{name}",
+            "a media URL against the worker's rules",
+            "check_media_url",
+            url=url,
+            rules=_WORKER_RULES,
+        )
+    add(
+        "check_media_url/file_default_rules",
+        "vLLM's defaults read no local file",
+        "check_media_url",
+        url=urls["file_inside"],
+    )

@@ -24,8 +24,11 @@ __all__ = ["MEDIA_OPERATIONS"]
 
 E = TypeVar("E", Modality, MediaSource)
 _FACTORS: Final = (
-    "processor_kwargs", "media_io_kwargs", "worker_processor_kwargs", "worker_media_io_kwargs",
-)  # fmt: skip
+    "processor_kwargs",
+    "media_io_kwargs",
+    "worker_processor_kwargs",
+    "worker_media_io_kwargs",
+)
 
 
 def _enum(case: Mapping[str, Any], key: str, kind: type[E]) -> E:
@@ -44,9 +47,11 @@ def _identity_outcome(case: Mapping[str, Any]) -> dict[str, Any]:
         raise MalformedRequest("unknown field", param=f"factors.{unknown[0]}")
     try:
         basis = identity_basis(
-            source, has_uuid=flags["has_uuid"], pinned=flags["pinned"],
+            source,
+            has_uuid=flags["has_uuid"],
+            pinned=flags["pinned"],
             worker_hashes=flags["worker"],
-        )  # fmt: skip
+        )
         kwargs = {k: opt_field(factors, k, dict) for k in _FACTORS}
         identity = item_identity(modality, basis, field(case, "value", str), HashFactors(**kwargs))
     except PolicyError as exc:

@@ -57,9 +57,15 @@ def _name(url: object) -> str:
 def _log(who: str | None, action: str, role: object, url: object, outcome: str) -> None:
     # A refusal is a warning: someone tried to change the fleet and could not.
     role = role if isinstance(role, str) and role in ROLES else "-"
-    audit.log(logging.INFO if outcome in _DONE else logging.WARNING,
-              "admin %s role=%s worker=%s by=%s outcome=%s", action, role, _name(url),
-              f"key:{who}" if who else "not-an-admin", outcome)  # fmt: skip
+    audit.log(
+        logging.INFO if outcome in _DONE else logging.WARNING,
+        "admin %s role=%s worker=%s by=%s outcome=%s",
+        action,
+        role,
+        _name(url),
+        f"key:{who}" if who else "not-an-admin",
+        outcome,
+    )
 
 
 @attrs.frozen
@@ -86,11 +92,15 @@ def add_admin_routes(app: web.Application, admin: Admin) -> None:
         if caller(request) is None:
             return error_response(Forbidden())
         members = [
-            {"role": m.role, "name": m.name, "health": m.health.health.value,
-             "outstanding": m.outstanding,
-             "language_model_only": m.worker.capability.language_model_only}
+            {
+                "role": m.role,
+                "name": m.name,
+                "health": m.health.health.value,
+                "outstanding": m.outstanding,
+                "language_model_only": m.worker.capability.language_model_only,
+            }
             for m in admin.fleet
-        ]  # fmt: skip
+        ]
         return web.json_response({"workers": members})
 
     async def body_of(request: web.Request) -> dict[str, Any]:
@@ -110,8 +120,9 @@ def add_admin_routes(app: web.Application, admin: Admin) -> None:
                 raise MalformedRequest(f"role must be one of {', '.join(ROLES)}", param="role")
             hosts = admin.hosts
             if hosts is not None and not hosts.allows(body["url"]):
-                raise Forbidden("the worker's host is not one --admin-allowed-hosts lists",
-                                param="url")  # fmt: skip
+                raise Forbidden(
+                    "the worker's host is not one --admin-allowed-hosts lists", param="url"
+                )
             headers = admin.keys.worker_headers()
             try:
                 session = admin.session(request)

@@ -76,8 +76,9 @@ def allowed_hosts(values: Iterable[str]) -> AllowedHosts:
     networks: list[Network] = []
     entries = [e.strip() for value in values for e in value.split(",") if e.strip()]
     if not entries:
-        raise InvalidConfiguration("--admin-allowed-hosts lists no host",
-                                   param="admin_allowed_hosts")  # fmt: skip
+        raise InvalidConfiguration(
+            "--admin-allowed-hosts lists no host", param="admin_allowed_hosts"
+        )
     for entry in entries:
         # An IPv6 address as a URL writes it ("[fd00::1]", "[fd00::]/8") is the address.
         bracketed = _BRACKETED.fullmatch(entry)

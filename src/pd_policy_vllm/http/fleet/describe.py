@@ -71,9 +71,11 @@ async def server_info(
     # A worker is its own URL: a redirect is not followed, so the workers' key and the
     # proxy's calls go nowhere the operator or an admin did not name.
     async with session.get(
-        f"{url}/server_info", params={"config_format": "json"}, headers=for_url(headers, url),
+        f"{url}/server_info",
+        params={"config_format": "json"},
+        headers=for_url(headers, url),
         allow_redirects=False,
-    ) as response:  # fmt: skip
+    ) as response:
         if response.status != 200:
             return None
         info = await response.json()
@@ -85,8 +87,9 @@ async def _serves(
 ) -> bool:
     # Without --enable-scale-out every such route answers 403, and a server without the
     # route 404; with it, an empty body is a validation error (400 or 422).
-    async with session.post(url + route, json={}, headers=for_url(headers, url),
-                            allow_redirects=False) as response:  # fmt: skip
+    async with session.post(
+        url + route, json={}, headers=for_url(headers, url), allow_redirects=False
+    ) as response:
         return response.status in (400, 422)
 
 
@@ -150,5 +153,6 @@ def _prefill_kv(config: Any, url: str, says: OperatorSays) -> PrefillKv:
             "VLLM_SERVER_DEV_MODE=1): pass --kv-mode",
             param="kv_mode",
         )
-    return PrefillKv(says.kv_mode, bootstrap_host=_host(url),
-                     bootstrap_port=says.bootstrap_port or 8998)  # fmt: skip
+    return PrefillKv(
+        says.kv_mode, bootstrap_host=_host(url), bootstrap_port=says.bootstrap_port or 8998
+    )

@@ -55,8 +55,9 @@ class Fleet(Roster[HttpWorker]):
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[Member, Health], None] | None = None,
     ) -> None:
-        super().__init__(policy=policy, balance=balance, bound=bound, clock=clock,
-                         on_change=on_change)  # fmt: skip
+        super().__init__(
+            policy=policy, balance=balance, bound=bound, clock=clock, on_change=on_change
+        )
 
     def find(self, url: str) -> Member | None:
         """The member at ``url`` (any URL of its host and port), if any: none for an
@@ -79,8 +80,11 @@ class Fleet(Roster[HttpWorker]):
         """A fixed fleet: ``prefill``, ``decode`` and an optional ``encoder``, each taken as
         healthy (never probed)."""
         fleet = cls()
-        for role, workers in (("prefill", [prefill]), ("decode", decode),
-                              ("encode", [encoder] if encoder else [])):  # fmt: skip
+        for role, workers in (
+            ("prefill", [prefill]),
+            ("decode", decode),
+            ("encode", [encoder] if encoder else []),
+        ):
             for worker in workers:
                 fleet.add(role, worker)
         return fleet

@@ -16,6 +16,7 @@ its own (tests run several in one process).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -37,22 +38,39 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("pd_policy_requests", "Requests, by decode form and outcome",
-                                ["route", "form", "outcome"], registry=r)  # fmt: skip
-        self.legs = Histogram("pd_policy_leg_seconds", "Each leg's latency", ["leg"],
-                              buckets=_LATENCY, registry=r)  # fmt: skip
-        self.ttft = Histogram("pd_policy_ttft_seconds", "Arrival to the first byte out",
-                              buckets=_LATENCY, registry=r)  # fmt: skip
-        self.decode_bytes = Histogram("pd_policy_decode_leg_bytes", "Bytes of each decode leg",
-                                      buckets=_BYTES, registry=r)  # fmt: skip
-        self.outstanding = Gauge("pd_policy_worker_outstanding", "Requests a member holds",
-                                 ["role", "worker"], registry=r)  # fmt: skip
-        self.up = Gauge("pd_policy_worker_up", "1 when the member is routed to",
-                        ["role", "worker"], registry=r)  # fmt: skip
-        self.retries = Counter("pd_policy_retries", "Attempts planned again, by the leg that "
-                               "failed", ["leg"], registry=r)  # fmt: skip
-        self.ejections = Counter("pd_policy_ejections", "Members ejected",
-                                 ["role", "worker"], registry=r)  # fmt: skip
+        self.requests = Counter(
+            "pd_policy_requests",
+            "Requests, by decode form and outcome",
+            ["route", "form", "outcome"],
+            registry=r,
+        )
+        self.legs = Histogram(
+            "pd_policy_leg_seconds", "Each leg's latency", ["leg"], buckets=_LATENCY, registry=r
+        )
+        self.ttft = Histogram(
+            "pd_policy_ttft_seconds", "Arrival to the first byte out", buckets=_LATENCY, registry=r
+        )
+        self.decode_bytes = Histogram(
+            "pd_policy_decode_leg_bytes", "Bytes of each decode leg", buckets=_BYTES, registry=r
+        )
+        self.outstanding = Gauge(
+            "pd_policy_worker_outstanding",
+            "Requests a member holds",
+            ["role", "worker"],
+            registry=r,
+        )
+        self.up = Gauge(
+            "pd_policy_worker_up", "1 when the member is routed to", ["role", "worker"], registry=r
+        )
+        self.retries = Counter(
+            "pd_policy_retries",
+            "Attempts planned again, by the leg that failed",
+            ["leg"],
+            registry=r,
+        )
+        self.ejections = Counter(
+            "pd_policy_ejections", "Members ejected", ["role", "worker"], registry=r
+        )
 
         # Children by label values: ``labels()`` takes a lock and checks the values on
         # every call, and every request makes four. The label sets are few and bounded
@@ -74,6 +92,30 @@ class Metrics:
         if child is None:
             child = self._request_children[key] = self.requests.labels(*key)
         child.inc()
+
+    def record(
+        self,
+        route: str,
+        form: str,
+        outcome: str,
+        *,
+        legs: Sequence[tuple[str, float]] = (),
+        retried: Sequence[str] = (),
+        ttft: float | None = None,
+        decode_bytes: int | None = None,
+    ) -> None:
+        """One request's end, all at once: its count by route, decode form and outcome,
+        each leg's latency, the legs whose failures were tried again, and, when its decode
+        was relayed, its time to the first byte and the decode leg's bytes."""
+        for leg, seconds in legs:
+            self.observe_leg(leg, seconds)
+        for leg in retried:
+            self.retries.labels(leg).inc()
+        if ttft is not None:
+            self.ttft.observe(ttft)
+        if decode_bytes is not None:
+            self.decode_bytes.observe(decode_bytes)
+        self.count_request(route, form, outcome)
 
     def health_changed(self, member: Member, before: Health) -> None:
         """Follow a member's health (the fleet's ``on_change``)."""

@@ -24,8 +24,9 @@ async def fleet_models(
     for member in fleet.of("prefill"):
         url = member.worker.url
         try:
-            async with session.get(f"{url}/v1/models", headers=for_url(headers, url),
-                                   allow_redirects=False) as response:  # fmt: skip
+            async with session.get(
+                f"{url}/v1/models", headers=for_url(headers, url), allow_redirects=False
+            ) as response:
                 if response.status == 200:
                     for model in (await response.json()).get("data", []):
                         seen.setdefault(model.get("id"), model)

@@ -48,9 +48,11 @@ async def _healthy(
     url = member.worker.url
     try:
         async with session.get(
-            f"{url}/health", headers=for_url(headers, url),
-            timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False,
-        ) as response:  # fmt: skip
+            f"{url}/health",
+            headers=for_url(headers, url),
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            allow_redirects=False,
+        ) as response:
             return response.status == 200
     except (aiohttp.ClientError, TimeoutError):
         return False

@@ -21,13 +21,13 @@ from typing import Any
 
 import attrs
 
-from pd_policy import Placement, Request, Support, WorkerCapability, place
+from pd_policy import DecodeCandidate, Placement, Request, Support, WorkerCapability, place
 from pd_policy_vllm.http.fleet.members import Fleet, Member
 from pd_policy_vllm.openai.media.identity import WorkerMedia
 from pd_policy_vllm.openai.plan.request import Route, as_decided, policy_request, runs_epd
 from pd_policy_vllm.openai.workers import HttpWorker
 
-__all__ = ["HttpPlacer", "decode_capability"]
+__all__ = ["Chosen", "HttpPlacer", "decode_capability"]
 
 
 def decode_capability(decode: Member) -> WorkerCapability:
@@ -45,6 +45,18 @@ def decode_capability(decode: Member) -> WorkerCapability:
 
 def _capability(member: Member) -> WorkerCapability:
     return decode_capability(member) if member.role == "decode" else member.worker.capability
+
+
+@attrs.frozen(slots=True)
+class Chosen:
+    """What the plan of an attempt takes from its choice: the ``placement``, the ``decode``
+    as a candidate (its capability as a router may use it), and the core ``request`` the
+    members were chosen for when the plan may take it as it is (read under the chosen
+    prefill's media settings; else ``None``)."""
+
+    placement: Placement[HttpWorker]
+    decode: DecodeCandidate[Member]
+    request: Request | None
 
 
 class HttpPlacer:
@@ -70,6 +82,8 @@ class HttpPlacer:
             settings[0] if settings and all(s == settings[0] for s in settings) else None
         )
         self._request: Request | None = None
+        #: The last choice, for the plan of its attempt.
+        self.chosen: Chosen | None = None
 
     @property
     def request(self) -> Request:
@@ -84,11 +98,6 @@ class HttpPlacer:
             )
         return self._request
 
-    def request_for(self, prefill: HttpWorker) -> Request | None:
-        """The request as the plan on ``prefill`` may take it: ``None`` when the prefill's
-        media settings are not those it was read under (the identities would differ)."""
-        return self._request if self.media == prefill.media else None
-
     def __call__(self, excluded: tuple[str, ...]) -> Placement[HttpWorker]:
         request, route = self.request, self.route
 
@@ -96,7 +105,7 @@ class HttpPlacer:
             return as_decided(request, route, renders=prefill.worker.renders or encoded)
 
         encode = runs_epd(request, route, encodes=True)
-        return place(
+        placed = place(
             self.fleet,
             request,
             capability=_capability,
@@ -104,3 +113,10 @@ class HttpPlacer:
             decided=decided,
             encode=encode,
         )
+        decode = placed.decode
+        # The identities depend on the prefill's media settings: the request is taken as
+        # it is only under the settings it was read under.
+        same = self.media == placed.prefill.worker.media
+        candidate = DecodeCandidate(decode_capability(decode), decode)
+        self.chosen = Chosen(placed, candidate, request if same else None)
+        return placed

@@ -25,17 +25,43 @@ __all__ = ["Address", "host_address", "refused_address"]
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-_V4: Final = tuple(ipaddress.IPv4Network(n) for n in (
-    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
-    "172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16",
-    "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
-))  # fmt: skip
+_V4: Final = tuple(
+    ipaddress.IPv4Network(n)
+    for n in (
+        "0.0.0.0/8",
+        "10.0.0.0/8",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.0.0.0/24",
+        "192.0.2.0/24",
+        "192.88.99.0/24",
+        "192.168.0.0/16",
+        "198.18.0.0/15",
+        "198.51.100.0/24",
+        "203.0.113.0/24",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+    )
+)
 # ::/96 holds ::, ::1 and the deprecated IPv4-compatible addresses; 2001::/23 holds
 # Teredo, whose IPv4 address is obfuscated and so cannot be judged.
-_V6: Final = tuple(ipaddress.IPv6Network(n) for n in (
-    "::/96", "64:ff9b:1::/48", "100::/64", "2001::/23", "2001:db8::/32", "3fff::/20",
-    "fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8",
-))  # fmt: skip
+_V6: Final = tuple(
+    ipaddress.IPv6Network(n)
+    for n in (
+        "::/96",
+        "64:ff9b:1::/48",
+        "100::/64",
+        "2001::/23",
+        "2001:db8::/32",
+        "3fff::/20",
+        "fc00::/7",
+        "fe80::/10",
+        "fec0::/10",
+        "ff00::/8",
+    )
+)
 _NAT64: Final = ipaddress.IPv6Network("64:ff9b::/96")
 _SIX_TO_FOUR: Final = ipaddress.IPv6Network("2002::/16")
 

@@ -60,9 +60,9 @@ def _not_negative(instance: object, attribute: attrs.Attribute[Any], value: int)
         raise ValueError(f"{attribute.name} must be a whole number >= 0, not {value!r}")
 
 
-def _networks(value: Iterable[str | ipaddress.IPv4Network | ipaddress.IPv6Network]) -> tuple[
-    ipaddress.IPv4Network | ipaddress.IPv6Network, ...
-]:  # fmt: skip
+def _networks(
+    value: Iterable[str | ipaddress.IPv4Network | ipaddress.IPv6Network],
+) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
     return tuple(ipaddress.ip_network(n) for n in value)
 
 

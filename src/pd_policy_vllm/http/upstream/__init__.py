@@ -3,7 +3,8 @@
 ([`connection`][pd_policy_vllm.http.upstream.connection]), within bounds
 ([`limits`][pd_policy_vllm.http.upstream.limits])."""
 
-from .client import Observer, Response, Upstream
+from .client import Observer, Upstream
+from .connection import Response
 from .errors import (
     UpstreamDisconnected,
     UpstreamProtocolError,
@@ -13,6 +14,13 @@ from .errors import (
 from .limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
-    "DEFAULT_LIMITS", "Limits", "Observer", "Response", "Upstream", "UpstreamDisconnected",
-    "UpstreamProtocolError", "UpstreamTimeout", "UpstreamUnreachable",
-]  # fmt: skip
+    "DEFAULT_LIMITS",
+    "Limits",
+    "Observer",
+    "Response",
+    "Upstream",
+    "UpstreamDisconnected",
+    "UpstreamProtocolError",
+    "UpstreamTimeout",
+    "UpstreamUnreachable",
+]

@@ -21,18 +21,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
 from pd_policy import InvalidConfiguration
 from pd_policy.authority import split_host_port, url_host
 
-from .connection import Connection, Head
+from .connection import Connection, Response
 from .errors import UpstreamDisconnected, UpstreamUnreachable
 from .limits import DEFAULT_LIMITS, Limits
 
@@ -118,44 +118,6 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(UpstreamUnreachable("the worker's connections are all in use"))
 
 
-class Response:
-    """A worker's answer: its status, then its body, read whole or piece
-    by piece. Used as an async context manager, which gives the connection back to its
-    pool when the body was read to its end, and closes it otherwise."""
-
-    __slots__ = ("_connection", "_pool", "_upstream", "status")
-
-    def __init__(self, upstream: Upstream, pool: _Pool, connection: Connection,
-                 head: Head) -> None:  # fmt: skip
-        self._upstream, self._pool, self._connection = upstream, pool, connection
-        self.status = head.status
-
-    async def read(self) -> bytes:
-        """The whole body (what is left of it)."""
-        return await self._connection.read_all()
-
-    def __aiter__(self) -> Response:
-        return self
-
-    async def __anext__(self) -> bytes:
-        piece = await self._connection.read()
-        if not piece:
-            raise StopAsyncIteration
-        return piece
-
-    async def __aenter__(self) -> Response:
-        return self
-
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:  # fmt: skip
-        connection = self._connection
-        if kind is None and connection.reusable and not self._upstream.closed:
-            self._pool.idle.append((time.monotonic(), connection))
-        else:
-            connection.close()
-        self._pool.give()
-
-
 class Upstream:
     """The pools of connections to every worker; closed with ``close``."""
 
@@ -183,10 +145,11 @@ class Upstream:
         limits = self.limits
         try:
             _, connection = await asyncio.wait_for(
-                loop.create_connection(lambda: Connection(limits), target.host, target.port,
-                                       ssl=tls),
+                loop.create_connection(
+                    lambda: Connection(limits), target.host, target.port, ssl=tls
+                ),
                 limits.connect_timeout,
-            )  # fmt: skip
+            )
         except (TimeoutError, OSError) as exc:
             raise UpstreamUnreachable(f"no connection ({type(exc).__name__})") from None
         return connection
@@ -201,8 +164,9 @@ class Upstream:
             connection.close()
         return None
 
-    async def post(self, url: str, body: Sequence[bytes | memoryview] | bytes,
-                   headers: Mapping[str, str]) -> Response:  # fmt: skip
+    async def post(
+        self, url: str, body: Sequence[bytes | memoryview] | bytes, headers: Mapping[str, str]
+    ) -> Response:
         """POST ``body`` (bytes, or parts sent in order) with ``headers`` to ``url``, and
         return the worker's answer once its head has come back. Raises
         ``UpstreamUnreachable`` when no connection can be made, ``UpstreamDisconnected``
@@ -241,8 +205,9 @@ class Upstream:
             pool.give()
             raise
 
-    async def _send(self, target: _Target, pool: _Pool, head: bytes,
-                    parts: Sequence[bytes | memoryview]) -> Response:  # fmt: skip
+    async def _send(
+        self, target: _Target, pool: _Pool, head: bytes, parts: Sequence[bytes | memoryview]
+    ) -> Response:
         connection = self._idle(pool)
         reused = connection is not None
         while True:
@@ -260,7 +225,16 @@ class Upstream:
             except BaseException:
                 connection.close()
                 raise
-            return Response(self, pool, connection, answer)
+            return Response(connection, answer, functools.partial(self._release, pool))
+
+    def _release(self, pool: _Pool, connection: Connection, reusable: bool) -> None:
+        # A response ends: its connection back to its pool when read to its end, and its
+        # slot to the next leg waiting.
+        if reusable and not self.closed:
+            pool.idle.append((time.monotonic(), connection))
+        else:
+            connection.close()
+        pool.give()
 
     def close(self) -> None:
         """Close every pooled connection; later posts raise ``UpstreamUnreachable``."""

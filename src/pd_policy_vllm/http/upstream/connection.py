@@ -16,17 +16,18 @@ ends); this module adds what a proxy must bound: the head's size, the body's siz
 a ``Transfer-Encoding`` other than ``chunked`` (a coding it never asked for), an
 upgrade, and the time a worker may stay silent. 1xx answers are read past.
 
-The body is handed on as it arrives, decoded from chunks, to one reader at a time.
-A connection serves one request at a time and goes back to its pool when its
-response has been read to the end and the server did not ask to close it. Any fault
-closes the connection: its framing can no longer be trusted.
+The body is handed on as it arrives, decoded from chunks, to one reader at a time (its
+[`Response`][pd_policy_vllm.http.upstream.connection.Response]). A connection serves one
+request at a time and goes back to its pool when its response has been read to the end
+and the server did not ask to close it. Any fault closes it: its framing is not trusted.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import TracebackType
 from typing import Final
 
 import httptools
@@ -34,7 +35,7 @@ import httptools
 from .errors import UpstreamDisconnected, UpstreamProtocolError, UpstreamTimeout
 from .limits import Limits
 
-__all__ = ["Connection", "Head"]
+__all__ = ["Connection", "Head", "Response"]
 
 _STATUS_START: Final = b"HTTP/"
 
@@ -164,8 +165,9 @@ class Connection(asyncio.Protocol):
             self._fail(exc)
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
-            self._fail(cause if isinstance(cause, UpstreamProtocolError) else
-                       UpstreamProtocolError("the worker's answer is not HTTP/1.1"))  # fmt: skip
+            if not isinstance(cause, UpstreamProtocolError):
+                cause = UpstreamProtocolError("the worker's answer is not HTTP/1.1")
+            self._fail(cause)
         except httptools.HttpParserUpgrade:
             self._fail(UpstreamProtocolError("the worker switched protocols unasked"))
         except httptools.HttpParserError as exc:
@@ -205,8 +207,8 @@ class Connection(asyncio.Protocol):
     @property
     def reusable(self) -> bool:
         """Read to its end, with no close asked for or seen."""
-        return (self._done and not self._closed and self._lost is None
-                and self._head is not None and not self._head.close)  # fmt: skip
+        head, whole = self._head, self._done and not self._closed and self._lost is None
+        return whole and head is not None and not head.close
 
     def request(self, head: bytes, body: Sequence[bytes | memoryview]) -> None:
         """Write a request: its head, then its body's parts, a write each (on Python 3.11
@@ -270,3 +272,39 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self._closed:
             self.transport.close()
         self._closed = True
+
+
+class Response:
+    """A worker's answer on ``connection``: its status, then its body, whole or piece by
+    piece. As an async context manager it hands the connection back at its end
+    (``release(connection, reusable)``: reusable when read to its end)."""
+
+    __slots__ = ("_connection", "_release", "status")
+
+    def __init__(
+        self, connection: Connection, head: Head, release: Callable[[Connection, bool], None]
+    ) -> None:
+        self._connection, self._release = connection, release
+        self.status = head.status
+
+    async def read(self) -> bytes:
+        """The whole body (what is left of it)."""
+        return await self._connection.read_all()
+
+    def __aiter__(self) -> Response:
+        return self
+
+    async def __anext__(self) -> bytes:
+        piece = await self._connection.read()
+        if not piece:
+            raise StopAsyncIteration
+        return piece
+
+    async def __aenter__(self) -> Response:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        connection = self._connection
+        self._release(connection, kind is None and connection.reusable)

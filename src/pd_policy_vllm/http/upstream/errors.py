@@ -10,8 +10,11 @@ from __future__ import annotations
 from pd_policy_vllm.http.aio import aiohttp
 
 __all__ = [
-    "UpstreamDisconnected", "UpstreamProtocolError", "UpstreamTimeout", "UpstreamUnreachable",
-]  # fmt: skip
+    "UpstreamDisconnected",
+    "UpstreamProtocolError",
+    "UpstreamTimeout",
+    "UpstreamUnreachable",
+]
 
 
 class UpstreamUnreachable(aiohttp.ClientConnectionError):

@@ -49,9 +49,15 @@ _MEDIA_TYPES: Final[Mapping[str, Modality]] = {
 _MEDIA_KEYS: Final = frozenset(_MEDIA_TYPES) | {"prompt_embeds"}
 #: The media keys in the order vLLM looks for them in a part with a ``uuid``.
 _UUID_KEY_ORDER: Final = (
-    "image_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds", "audio_url",
-    "input_audio", "video_url",
-)  # fmt: skip
+    "image_url",
+    "image_pil",
+    "image_embeds",
+    "audio_embeds",
+    "video_embeds",
+    "audio_url",
+    "input_audio",
+    "video_url",
+)
 #: Part types whose data is a URL, and the key that holds it (``input_image``'s own key
 #: is ``image_url``).
 _URL_KEYS: Final = {

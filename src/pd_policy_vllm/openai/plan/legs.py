@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
@@ -33,7 +33,7 @@ from pd_policy_vllm.openai.plan.request import Route
 from pd_policy_vllm.openai.plan.scale_out import Derender
 from pd_policy_vllm.openai.wire.codec import loads, reply_fields, token_ids
 from pd_policy_vllm.openai.wire.splice import Spliced, members, splice_parts
-from pd_policy_vllm.openai.wire.token_ids import TokenIds
+from pd_policy_vllm.openai.wire.token_ids import TokenIds, token_ids_of
 
 __all__ = ["Leg", "PrefillReply", "decode_body", "prefill_body", "prefill_bytes", "read_prefill"]
 
@@ -103,17 +103,13 @@ def prefill_bytes(
     return splice_parts(raw, found, changes, drop) if found is not None else None
 
 
-def _token_ids(ids: Iterable[int]) -> TokenIds:
-    return TokenIds.of(ids)
-
-
 @attrs.frozen(slots=True)
 class PrefillReply:
     """What a non-streaming prefill response says about the handoff."""
 
     #: The prompt ids after the worker's processor expanded its media (any sequence of
     #: non-negative ints is taken; they are held as the JSON the decode leg sends).
-    prompt_token_ids: TokenIds = attrs.field(converter=_token_ids)
+    prompt_token_ids: TokenIds = attrs.field(converter=token_ids_of)
     #: The KV parameters the engine returned, or ``None``.
     kv_transfer_params: dict[str, Any] | None
     #: The response's ``usage`` object, as sent.

@@ -35,8 +35,15 @@ __all__ = ["RESPONSES", "chat_equivalent", "responses_decode_leg"]
 #: The route.
 RESPONSES: Final = "/v1/responses"
 #: Fields a Responses request may hold that the chat equivalent carries over as they are.
-_SAMPLING: Final = ("model", "temperature", "top_p", "cache_salt", "mm_processor_kwargs",
-                    "media_io_kwargs", "seed")  # fmt: skip
+_SAMPLING: Final = (
+    "model",
+    "temperature",
+    "top_p",
+    "cache_salt",
+    "mm_processor_kwargs",
+    "media_io_kwargs",
+    "seed",
+)
 _STATEFUL: Final = ("previous_response_id", "conversation")
 
 
@@ -60,8 +67,11 @@ def _chat_part(part: Any, where: str) -> Any:
     if kind == "input_image":
         url = part.get("image_url")
         if not isinstance(url, str):
-            raise MalformedRequest("P/D serves an input_image given by image_url (a URL or a "
-                                   "data URL), not by file_id", param=where)  # fmt: skip
+            raise MalformedRequest(
+                "P/D serves an input_image given by image_url (a URL or a "
+                "data URL), not by file_id",
+                param=where,
+            )
         image = {"url": url, **({"detail": part["detail"]} if part.get("detail") else {})}
         return {"type": "image_url", "image_url": image}
     return part
@@ -95,8 +105,10 @@ def chat_equivalent(body: Any) -> dict[str, Any]:
                 param=field,
             )
     if body.get("tools"):
-        raise MalformedRequest("tools are not served over the Responses API in P/D; use "
-                               "/v1/chat/completions", param="tools")  # fmt: skip
+        raise MalformedRequest(
+            "tools are not served over the Responses API in P/D; use /v1/chat/completions",
+            param="tools",
+        )
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
@@ -140,6 +152,8 @@ def responses_decode_leg(body: Mapping[str, Any], chat_leg: Leg, stripped: bool)
         given = body.get("input")
         if isinstance(given, list):
             kept = without_media({"messages": [_message(m, "input") for m in given]})
-            out["input"] = [{**item, "content": message["content"]}
-                            for item, message in zip(given, kept, strict=True)]  # fmt: skip
+            out["input"] = [
+                {**item, "content": message["content"]}
+                for item, message in zip(given, kept, strict=True)
+            ]
     return Leg(RESPONSES, out)

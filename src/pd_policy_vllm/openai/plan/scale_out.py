@@ -211,8 +211,12 @@ class Derender:
         """The derender request for a whole (non-streamed) generate response."""
         chat = {**self.template["chat_request"], "stream": False}
         chat.pop("stream_options", None)
-        return {**self.template, "chat_request": chat, "stream": False,
-                "generate_response": response}  # fmt: skip
+        return {
+            **self.template,
+            "chat_request": chat,
+            "stream": False,
+            "generate_response": response,
+        }
 
     def with_prompt_ids(self, answer: Any) -> Any:
         """``answer`` (a derendered completion, or the first chunk of a stream) with the

@@ -72,6 +72,7 @@ from pd_policy_vllm.openai.plan.scale_out import (
 __all__ = [
     "STRIPPED",
     "Plan",
+    "after_prefill",
     "decode_leg",
     "decode_leg_of",
     "handed_over",
@@ -180,8 +181,9 @@ def plan_request(
     handoff = plan_kv_handoff(kv, n=request.n, transfer_id=transfer_id)
     # The render's worker fetches and names every item: none is uncached then.
     if epd:  # the legs are built from the encoder's render and answer
-        return Plan(route, body, request, chosen, form, leg, handoff, None, GENERATE, dict(body),
-                    epd=True)  # fmt: skip
+        return Plan(
+            route, body, request, chosen, form, leg, handoff, None, GENERATE, dict(body), epd=True
+        )
     if form is DecodeForm.MROPE_METADATA:
         # The leg is rebuilt from the render's answer (plan_rendered).
         return Plan(route, body, request, chosen, form, leg, handoff, None, GENERATE, dict(body))
@@ -189,8 +191,9 @@ def plan_request(
         form, leg = build_decode_leg(request, chosen.worker)
     leg = apply_kv_handoff(leg, handoff)
     prefill = prefill_body(body, route, handoff) if handoff.runs_prefill else None
-    return Plan(route, body, request, chosen, form, leg, handoff, prefill, route.value,
-                uncached=uncached)  # fmt: skip
+    return Plan(
+        route, body, request, chosen, form, leg, handoff, prefill, route.value, uncached=uncached
+    )
 
 
 def plan_rendered(plan: Plan[T], render_response: Mapping[str, Any]) -> Plan[T]:
@@ -255,6 +258,17 @@ def handed_over(plan: Plan[Any], reply: PrefillReply | None) -> Request:
     if reply is not None and plan.handoff.relays:
         return relay_kv(plan.leg, reply.kv_transfer_params)
     return plan.leg
+
+
+def after_prefill(
+    plan: Plan[Any], prefill_response: Mapping[str, Any] | bytes
+) -> tuple[PrefillReply, Request]:
+    """What the prefill answered ([`read_reply`][pd_policy_vllm.openai.plan.steps.read_reply])
+    and the core decode leg carrying the handoff it returned
+    ([`handed_over`][pd_policy_vllm.openai.plan.steps.handed_over]): what a router checks
+    before it builds the decode leg. Raises as ``read_reply``."""
+    reply = read_reply(plan, prefill_response)
+    return reply, handed_over(plan, reply)
 
 
 def decode_leg_of(plan: Plan[Any], leg: Request, reply: PrefillReply | None) -> Leg:

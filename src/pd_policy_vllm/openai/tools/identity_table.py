@@ -63,8 +63,10 @@ def _cell(part: dict[str, Any], fetches: bool, renders: bool) -> str:
 
 def identity_table() -> str:
     """The table, as markdown."""
-    lines = ["| media arrives as | " + " | ".join(p[0] for p in _PATHS) + " |",
-             "|---" * (len(_PATHS) + 1) + "|"]  # fmt: skip
+    lines = [
+        "| media arrives as | " + " | ".join(p[0] for p in _PATHS) + " |",
+        "|---" * (len(_PATHS) + 1) + "|",
+    ]
     for label, part in _WAYS:
         cells = [_cell(part, fetches, renders) for _, fetches, renders in _PATHS]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")

@@ -16,7 +16,8 @@ from typing import Any, Final
 
 from pd_policy.tools.tables import splice
 from pd_policy_vllm.openai.plan.request import Route
-from pd_policy_vllm.openai.tools.vectors import render_answer, run_case
+from pd_policy_vllm.openai.tools.vector_cases import render_answer
+from pd_policy_vllm.openai.tools.vectors import run_case
 
 __all__ = ["NAME", "decision_table", "main"]
 
@@ -28,11 +29,17 @@ _IMAGE: Final = {"type": "image_url", "image_url": {"url": "data:image/png;base6
 _WORKERS: Final = (
     ("vision", {"supports_vision": True}, False),
     ("LM-only", {"supports_vision": False}, False),
-    ("LM-only, takes metadata; prefill renders", {"supports_vision": False,
-                                                  "accepts_mm_metadata": True}, True),
-    ("LM-only, takes metadata; no render route", {"supports_vision": False,
-                                                  "accepts_mm_metadata": True}, False),
-)  # fmt: skip
+    (
+        "LM-only, takes metadata; prefill renders",
+        {"supports_vision": False, "accepts_mm_metadata": True},
+        True,
+    ),
+    (
+        "LM-only, takes metadata; no render route",
+        {"supports_vision": False, "accepts_mm_metadata": True},
+        False,
+    ),
+)
 
 
 def _chat(image: bool, **extra: Any) -> dict[str, Any]:
@@ -71,14 +78,17 @@ def decision_table() -> str:
         cells = []
         for _, worker, renders in _WORKERS:
             case: dict[str, Any] = {
-                "route": route.value, "body": body, "workers": [worker], "mrope": mrope,
+                "route": route.value,
+                "body": body,
+                "workers": [worker],
+                "mrope": mrope,
                 "prefill_kv": {"mode": "transfer"},
                 "prefill_response": (
                     {"choices": [{"prompt_token_ids": _IDS}], "kv_transfer_params": _HANDOFF}
                     if route is Route.COMPLETIONS
                     else {"prompt_token_ids": _IDS, "kv_transfer_params": _HANDOFF}
                 ),
-            }  # fmt: skip
+            }
             if renders:
                 case.update(renders=True, render_response=render_answer(1, _IDS))
             cells.append(_cell(run_case(case)))

@@ -11,9 +11,13 @@ __all__ = ["NIXL_RETURNED", "TRANSFER", "handoff_cases"]
 
 #: A NIXL prefill's handoff, complete: the workers' contract in most cases is NIXL.
 NIXL_RETURNED: Final = {
-    "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "p-1",
-    "remote_block_ids": [0, 1], "remote_host": "p-1.local", "remote_port": 5600,
-}  # fmt: skip
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+    "remote_engine_id": "p-1",
+    "remote_block_ids": [0, 1],
+    "remote_host": "p-1.local",
+    "remote_port": 5600,
+}
 
 #: What the project's TransferConnector returns: complete for its contract, not NIXL's.
 TRANSFER: Final = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": "t-1"}
@@ -26,11 +30,18 @@ def handoff_cases(
     complete handoff for ``image``, the TransferConnector's handoff under NIXL, and an
     empty one for ``text``."""
     for contract, label, returned, body in (
-        ("nixl", "empty", {}, image), ("nixl", "transfer_shaped", TRANSFER, image),
-        ("nixl", "text_empty", {}, text), ("transfer", "empty", {}, image),
+        ("nixl", "empty", {}, image),
+        ("nixl", "transfer_shaped", TRANSFER, image),
+        ("nixl", "text_empty", {}, text),
+        ("transfer", "empty", {}, image),
         ("transfer", "complete", TRANSFER, image),
-        ("passthrough", "empty", {}, image), ("passthrough", "any", {"x": 1}, image),
-    ):  # fmt: skip
-        add(f"chat/handoff/{contract}/{label}", f"a {label} handoff under {contract}", body,
+        ("passthrough", "empty", {}, image),
+        ("passthrough", "any", {"x": 1}, image),
+    ):
+        add(
+            f"chat/handoff/{contract}/{label}",
+            f"a {label} handoff under {contract}",
+            body,
             prefill_kv={"mode": contract},
-            response={"prompt_token_ids": ids, "kv_transfer_params": returned})  # fmt: skip
+            response={"prompt_token_ids": ids, "kv_transfer_params": returned},
+        )

@@ -34,8 +34,15 @@ from pd_policy import MalformedRequest
 from pd_policy_vllm.openai.wire.data_url import DataUrl
 from pd_policy_vllm.openai.wire.token_ids import TokenIds
 
-__all__ = ["ReplyFields", "canonical", "dumps", "loads", "reply_fields", "sha256_identity",
-           "token_ids"]  # fmt: skip
+__all__ = [
+    "ReplyFields",
+    "canonical",
+    "dumps",
+    "loads",
+    "reply_fields",
+    "sha256_identity",
+    "token_ids",
+]
 
 try:
     import msgspec

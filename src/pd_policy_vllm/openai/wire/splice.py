@@ -167,6 +167,7 @@ def splice_parts(
     the members a dict of ``raw`` would have after the same assignments and pops, as
     [`Spliced`][pd_policy_vllm.openai.wire.splice.Spliced] parts."""
     view = memoryview(raw)
+    present = {key for key, *_ in found}
     parts: list[bytes | memoryview] = [b"{"]
     for key, key_start, start, end in found:
         if key in drop:
@@ -177,7 +178,6 @@ def splice_parts(
         else:
             parts.append(view[key_start:end])
         parts.append(b",")
-    present = {key for key, *_ in found}
     for key, value in changes.items():
         if key not in present:
             parts += [dumps(key), b":", dumps(value), b","]

@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
-__all__ = ["TokenIds"]
+__all__ = ["TokenIds", "token_ids_of"]
 
 _WHITESPACE = b" \t\r\n"
 _DIGITS_AND_COMMAS = b"0123456789,"
@@ -100,3 +100,9 @@ class TokenIds(Sequence[int]):
 
     def __repr__(self) -> str:
         return f"TokenIds(<{len(self)} ids>)"
+
+
+def token_ids_of(ids: Iterable[int]) -> TokenIds:
+    """[`TokenIds.of`][pd_policy_vllm.openai.wire.token_ids.TokenIds.of] as a function (an
+    attrs converter)."""
+    return TokenIds.of(ids)
