@@ -117,10 +117,21 @@ def test_no_retry_for_a_workers_400_nor_after_the_client_has_seen_output() -> No
         for stand in ds:
             # The other decode's 400 is not left pending: a retry would reach it.
             stand.fail_next, stand.cut_stream = [], True
-        status, _, text = await post(url, chat(stream=True))
-        assert status == 200 and '"worker"' in text and "decode_stream_error" in text
-        assert sum(len(s.calls) for s in ds) == 2  # the cut stream was not tried again
-        # Not even planned again: a new attempt's prefill could race the client's leaving.
+        # One connection for two requests: the proxy reads the second only once it is done
+        # with the first, so whatever the first's handler did after the client saw its
+        # end is counted before the second begins.
+        prefilled = sum(len(s.calls) for s in ps)
+        connector = aiohttp.TCPConnector(limit=1)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            async with session.post(f"{url}/v1/chat/completions", json=chat(stream=True)) as r:
+                status, text = r.status, await r.text()
+            assert status == 200 and '"worker"' in text and "decode_stream_error" in text
+            async with session.post(f"{url}/v1/chat/completions", json=chat()) as r:
+                assert r.status == 200, await r.text()
+        # The cut stream was not tried again, nor even planned again (a new attempt's
+        # prefill would run for a client that has had its answer).
+        assert sum(len(s.calls) for s in ps) == prefilled + 2
+        assert sum(len(s.calls) for s in ds) == 3
         retried = proxy.metrics.registry.get_sample_value("pd_policy_retries_total",
                                                           {"leg": "decode"})  # fmt: skip
         assert not retried
