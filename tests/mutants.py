@@ -406,6 +406,13 @@ MUTANTS: Final = (
         ("tests/grpc/test_raw_legs.py",),
     ),
     Mutant(
+        "the byte reader lets a length-delimited field run one byte past its message",
+        "pd_policy_grpc/raw/protowire.py",
+        "            if size > end - value:",
+        "            if size > end - value + 1:",
+        ("tests/grpc/test_grpc_robustness.py", "tests/grpc/test_raw_legs.py"),
+    ),
+    Mutant(
         "the prefill's ids pass the byte check whatever they hold",
         "pd_policy_vllm/openai/wire/token_ids.py",
         "        if compact[1:-1].translate(None, _DIGITS_AND_COMMAS):",

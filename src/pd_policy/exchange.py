@@ -106,6 +106,11 @@ def one_pair() -> Exchange[None]:
 #: The action of a step that is I/O, or the finish.
 IoAction = Plan[Any] | Send[Any] | Relay[Any] | Finish
 
+# Built once: the exchange checks each step against them.
+_LEG_EVENTS: Final = (LegAnswered, LegFailed)
+_PLANNABLE: Final = frozenset(BEFORE_DECODE)
+_BEFORE_PREFILL: Final = frozenset({Leg.RENDER, Leg.ENCODE})
+
 
 def settle(roster: Roster[W] | None, actions: tuple[Action, ...]) -> IoAction:
     """Apply a step's bookkeeping to ``roster`` (a member's load held or released, its
@@ -182,7 +187,7 @@ class Exchange(Generic[W]):
         allowed = TRANSITIONS[self.phase].get(type(event))
         if allowed is None:
             raise ExchangeError(f"{type(event).__name__} while {self.phase.value}")
-        if isinstance(event, LegAnswered | LegFailed) and event.leg is not LEG_OF[self.phase]:
+        if isinstance(event, _LEG_EVENTS) and event.leg is not LEG_OF[self.phase]:
             raise ExchangeError(f"{event.leg.value} while {self.phase.value}")
         if isinstance(event, LegAnswered) and event.kv is not None and event.leg is not Leg.PREFILL:
             raise ExchangeError("only the prefill hands KV over")
@@ -195,9 +200,9 @@ class Exchange(Generic[W]):
 
     def _check_planned(self, event: Planned) -> None:
         legs = event.legs
-        if not legs <= frozenset(BEFORE_DECODE):
+        if not legs <= _PLANNABLE:
             raise ExchangeError("a plan names the legs before the decode only")
-        if legs & {Leg.RENDER, Leg.ENCODE} and Leg.PREFILL not in legs:
+        if legs & _BEFORE_PREFILL and Leg.PREFILL not in legs:
             raise ExchangeError("a render or an encode needs a prefill after it")
         assert self.placement is not None  # PLANNING holds one
         if Leg.ENCODE in legs and self.placement.encoder is None:

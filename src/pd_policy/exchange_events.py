@@ -55,6 +55,8 @@ W = TypeVar("W")
 class Leg(enum.Enum):
     """A leg of an attempt, in the order the legs run (any but the decode may be skipped)."""
 
+    __hash__ = object.__hash__  # as Phase's (exchange_states): identity, at C speed
+
     #: The request rendered by a worker (the M-RoPE metadata path, E/P/D): the encoder's
     #: in E/P/D, else the prefill's.
     RENDER = "render"

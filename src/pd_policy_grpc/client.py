@@ -8,16 +8,14 @@ the decode request is sent.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncGenerator
 
 import grpc
 from pd_policy import DecodeCandidate, plan_kv_handoff, select_decode_workers
-from pd_policy.exchange import one_pair
 from pd_policy.exchange_events import HandoffCheck, KvFacts
 
 from .calls import PdCalls
-from .driver import PairAttempt, drive
+from .driver import PairAttempt, drive, one_pair_of
 from .kv import apply_kv_handoff, prefill_leg, relay_kv
 from .legs import build_decode_leg
 from .view import has_mm_inputs, kv_handoff_facts, request_view
@@ -113,13 +111,9 @@ class SequentialPd(PdCalls):
         """Step 5: the decode leg's responses."""
         return self._stream_decode(attempt.decode, attempt.leg, request.request_id)
 
-    async def generate(self, request: pb.GenerateRequest) -> AsyncGenerator[pb.GenerateResponse]:
+    def generate(self, request: pb.GenerateRequest) -> AsyncGenerator[pb.GenerateResponse]:
         """Serve ``request``; yields the decode worker's responses. See the class docs."""
-        # aclosing: a caller that stops iterating closes the decode stream now, not at
-        # garbage collection, so its abort goes out while the channel is open.
-        async with contextlib.aclosing(drive(request, self.own, one_pair())) as stream:
-            async for response in stream:
-                yield response
+        return drive(request, self.own, one_pair_of)
 
     def choose(self, request: pb.GenerateRequest) -> DecodeCandidate[grpc.aio.Channel]:
         """The decode candidate [`generate`][pd_policy_grpc.client.SequentialPd.generate] would use

@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import attrs
 
 from pd_policy import KvHandoff, Placement, PolicyError, Roster
-from pd_policy.exchange import Exchange, settle
+from pd_policy.exchange import Exchange, one_pair, settle
 from pd_policy.exchange_events import (
     Begin,
     ClientLeft,
@@ -39,9 +39,12 @@ from pd_policy.exchange_events import (
     Send,
 )
 
-__all__ = ["Pair", "PairAttempt", "drive"]
+__all__ = ["Pair", "PairAttempt", "drive", "one_pair_of"]
 
 L = TypeVar("L")
+_PREFILL: Final = frozenset({Leg.PREFILL})
+_NO_LEGS: Final[frozenset[Leg]] = frozenset()
+_NO_KV: Final = KvFacts()
 W = TypeVar("W")
 
 
@@ -80,6 +83,9 @@ class Pair(Protocol):
 
 async def _next(stream: AsyncGenerator[Any], ends: float | None) -> Any:
     # The deadline bounds each wait, never a span with a yield in it: the caller runs there.
+    # Without one, no timer: a streamed answer's every message would pay for it.
+    if ends is None:
+        return await anext(stream)
     async with asyncio.timeout_at(ends):
         return await anext(stream)
 
@@ -89,34 +95,52 @@ def _planned(pair: Pair, request: Any) -> tuple[Event, PairAttempt[Any] | None]:
         attempt = pair.attempt(request)
     except PolicyError as exc:
         return PlanFailed(exc), None
-    legs = frozenset({Leg.PREFILL}) if attempt.prefill else frozenset()
-    return Planned(legs, attempt.check, pair.handoff_of(attempt)), attempt
+    if attempt.prefill:
+        # The prefill's answer says what the decode leg carries: nothing to read yet.
+        return Planned(_PREFILL, attempt.check, _NO_KV), attempt
+    return Planned(_NO_LEGS, attempt.check, pair.handoff_of(attempt)), attempt
 
 
 async def _prefilled(
     pair: Pair, request: Any, attempt: PairAttempt[Any], ends: float | None
 ) -> Event:
     try:
-        async with asyncio.timeout_at(ends):
+        if ends is None:
             await pair.prefill(request, attempt)
+        else:
+            async with asyncio.timeout_at(ends):
+                await pair.prefill(request, attempt)
     except PolicyError as exc:
         return LegFailed(Leg.PREFILL, exc)
     return LegAnswered(Leg.PREFILL, pair.handoff_of(attempt))
 
 
+def one_pair_of(request: Any) -> Exchange[None]:
+    """The exchange of any request to a router of one pair (``drive``'s ``exchange_of``)."""
+    return one_pair()
+
+
 async def drive(
-    request: Any,
+    data: Any,
     pair_of: Callable[[Placement[W]], Pair],
-    exchange: Exchange[W],
+    exchange_of: Callable[[Any], Exchange[W]],
     roster: Roster[W] | None = None,
     *,
+    read: Callable[[Any], Any] | None = None,
     deadline: float | None = None,
 ) -> AsyncGenerator[Any]:
-    """Serve ``request`` through ``exchange``, each attempt on the pair ``pair_of`` gives for
-    its placement, applying the bookkeeping to ``roster`` (``None``: a router of one pair).
-    Yields the decode's responses; raises the error the exchange finished with. A caller
-    that stops iterating (or is cancelled) ends the exchange as a client that left;
-    ``deadline`` bounds the whole request in seconds (``None``: no bound)."""
+    """Serve a request through the exchange ``exchange_of`` makes for it, each attempt on the
+    pair ``pair_of`` gives for its placement, applying the bookkeeping to ``roster``
+    (``None``: a router of one pair). The request is ``data``, or what ``read`` makes of it
+    (its errors raised on the first iteration, as the rest). Yields the decode's responses;
+    raises the error the exchange finished with. A caller that stops iterating (or is
+    cancelled) ends the exchange as a client that left; ``deadline`` bounds the whole
+    request in seconds (``None``: no bound).
+
+    A router's ``generate`` returns this generator itself: a wrapping generator would cost
+    every response of every request a hop."""
+    request = read(data) if read is not None else data
+    exchange = exchange_of(request)
     loop = asyncio.get_running_loop()
     ends = None if deadline is None else loop.time() + deadline
     pair: Pair | None = None

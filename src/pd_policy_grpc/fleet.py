@@ -27,7 +27,6 @@ it may have come back as another kind (restarted with ``--language-model-only``)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -103,6 +102,12 @@ Member = RosterMember[GrpcWorker]
 #: What makes a pair's router, from SequentialPd's arguments (``SequentialPd``,
 #: ``SequentialPdBytes``).
 PairRouter = Callable[..., Pair]
+
+
+def _read(request: Any) -> Any:
+    if isinstance(request, bytes | bytearray | memoryview):
+        return read_request(bytes(request))
+    return request
 
 
 def _view(request: Any) -> Request:
@@ -200,17 +205,21 @@ class FleetPd:
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
 
-    async def generate(self, request: Any) -> AsyncGenerator[Any]:
+    def generate(self, request: Any) -> AsyncGenerator[Any]:
         """Serve ``request`` (a ``GenerateRequest``, or its bytes with a bytes router);
         yields the decode worker's responses. Raises the policy's errors, and the last
         attempt's failure (see the module docs)."""
-        if isinstance(request, bytes | bytearray | memoryview):
-            request = read_request(bytes(request))
-        exchange = Exchange(self._placer(_view(request)), attempts=self.attempts)
-        served = drive(request, self._pair, exchange, self.roster, deadline=self.deadline)
-        async with contextlib.aclosing(served) as stream:
-            async for response in stream:
-                yield response
+        return drive(
+            request,
+            self._pair,
+            self._exchange,
+            self.roster,
+            read=_read,
+            deadline=self.deadline,
+        )
+
+    def _exchange(self, request: Any) -> Exchange[Any]:
+        return Exchange(self._placer(_view(request)), attempts=self.attempts)
 
     async def probe_once(self, *, kv_mode: KvConnectorMode | None = None) -> None:
         """Probe every member the prober names once (see the module docs); ``kv_mode`` as

@@ -12,16 +12,14 @@ are parsed.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any, Final
 
 import grpc
 from pd_policy import DecodeCandidate, plan_kv_handoff, select_decode_workers
-from pd_policy.exchange import one_pair
 from pd_policy.exchange_events import HandoffCheck, KvFacts
 from pd_policy_grpc.calls import PdCalls
-from pd_policy_grpc.driver import PairAttempt, drive
+from pd_policy_grpc.driver import PairAttempt, drive, one_pair_of
 from pd_policy_grpc.raw.legs import apply_kv_handoff, build_decode_leg, prefill_leg, relay_kv
 from pd_policy_grpc.raw.reader import RawRequest, read_request
 from pd_policy_grpc.raw.splice import RawLeg
@@ -31,6 +29,10 @@ from pd_policy_grpc.wire import pb
 __all__ = ["BytesStub", "SequentialPdBytes"]
 
 _SERVICE: Final = pb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
+
+
+def _read(data: bytes | RawRequest) -> RawRequest:
+    return data if isinstance(data, RawRequest) else read_request(data)
 
 
 class BytesStub:
@@ -89,7 +91,7 @@ class SequentialPdBytes(PdCalls):
         """The decode leg's responses, as the worker serialized them."""
         return self._stream_decode(attempt.decode, bytes(attempt.leg), request.skeleton.request_id)
 
-    async def generate(self, data: bytes | RawRequest) -> AsyncGenerator[bytes]:
+    def generate(self, data: bytes | RawRequest) -> AsyncGenerator[bytes]:
         """Serve a serialized request (or one already read); yields the decode responses'
         bytes.
 
@@ -97,10 +99,7 @@ class SequentialPdBytes(PdCalls):
         a valid ``GenerateRequest``, and everything
         [`SequentialPd.generate`][pd_policy_grpc.client.SequentialPd.generate] raises.
         """
-        request = data if isinstance(data, RawRequest) else read_request(data)
-        async with contextlib.aclosing(drive(request, self.own, one_pair())) as stream:
-            async for response in stream:
-                yield response
+        return drive(data, self.own, one_pair_of, read=_read)
 
     def choose(self, request: RawRequest) -> DecodeCandidate[grpc.aio.Channel]:
         """The decode candidate ``generate`` would use for ``request``; raises as

@@ -44,12 +44,18 @@ class Field(NamedTuple):
     end: int
 
 
+#: The one-byte varints, built once: most tags and short lengths.
+_ONE_BYTE: Final = tuple(bytes((value,)) for value in range(0x80))
+
+
 def _fail(what: str) -> MalformedRequest:
     return MalformedRequest(f"the bytes are not a GenerateRequest ({what})", param="request")
 
 
 def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
     """The varint at ``pos`` and where it ends."""
+    if pos < end and buf[pos] < 0x80:
+        return buf[pos], pos + 1  # most tags and lengths: one byte, read without a loop
     result = shift = 0
     for i in range(pos, min(pos + 10, end)):
         byte = buf[i]
@@ -106,15 +112,22 @@ def fields(buf: memoryview, start: int = 0, end: int | None = None) -> Iterator[
         number, wire_type = key >> 3, key & 7
         if key > 0xFFFFFFFF:
             raise _fail("a tag over 32 bits")
-        after = _skip(buf, value, end, number, wire_type, 0)
-        if wire_type == LEN:
-            value = _varint(buf, value, end)[1]
+        if wire_type == LEN and 0 < number <= _MAX_FIELD:
+            # _skip's work for a length-delimited field, keeping where its value starts.
+            size, value = _varint(buf, value, end)
+            if size > end - value:
+                raise _fail("a length runs past its end")
+            after = value + size
+        else:
+            after = _skip(buf, value, end, number, wire_type, 0)
         yield Field(number, wire_type, pos, value, after)
         pos = after
 
 
 def varint(value: int) -> bytes:
     """``value`` as a varint; a negative value as its 64-bit two's complement (ten bytes)."""
+    if 0 <= value < 0x80:
+        return _ONE_BYTE[value]
     if value < 0:
         value += 1 << 64
     out = bytearray()
