@@ -6,7 +6,7 @@ the first byte reached the client, the client left, the deadline passed) and is 
 what to do next (an *action*: plan the attempt on these members, send this leg to this
 member, relay the decode, finish with this status). Bookkeeping actions (hold and
 release a member's load, penalize or credit its health) come with them, for the
-router's roster ([`Roster.settle`][pd_policy.roster.Roster.settle]).
+router's roster ([`settle`][pd_policy.exchange.settle]).
 
 Every type here is frozen data: the rules are in [`exchange`][pd_policy.exchange].
 """

@@ -121,7 +121,7 @@ class MediaFetchRules:
 def media_source(url: str, *, param: str) -> MediaSource:
     """Where a media URL's bytes are: ``INLINE`` (``data:``), ``REMOTE`` (``http``,
     ``https``) or ``LOCAL`` (``file:``). Raises
-    [`MediaRefused`][pd_policy.errors.MediaRefused] (400, ``param`` naming the item) for
+    [`MediaRefused`][pd_policy.media_errors.MediaRefused] (400, ``param`` naming the item) for
     any other scheme, or no URL: vLLM refuses them too."""
     if not isinstance(url, str) or not url:
         raise MediaRefused("a media item needs a URL", param=param)
@@ -140,7 +140,7 @@ def media_source(url: str, *, param: str) -> MediaSource:
 def check_media_url(url: str, rules: MediaFetchRules, *, param: str) -> MediaSource:
     """The URL's source, once it is one the worker would read; else a typed refusal.
 
-    Raises [`MediaRefused`][pd_policy.errors.MediaRefused] (400, ``param`` naming the
+    Raises [`MediaRefused`][pd_policy.media_errors.MediaRefused] (400, ``param`` naming the
     item, never the URL) for a scheme the worker does not read; a remote URL without a
     host, or whose host is not an allowed domain; a local file when the worker reads
     none, or one outside its allowed path (judged on the path as written: the worker

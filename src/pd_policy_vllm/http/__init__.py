@@ -4,8 +4,8 @@
 - [`proxy`][pd_policy_vllm.http.proxy]: the server, its routes and its front door;
   [`driver`][pd_policy_vllm.http.driver] drives each request's
   [`Exchange`][pd_policy.exchange.Exchange] with the I/O its actions ask for;
-- [`upstream`][pd_policy_vllm.http.upstream]: the legs' client;
-- [`fleet`][pd_policy_vllm.http.fleet]: the workers, their health, probes, placement,
+- [`upstream`][pd_policy_vllm.http.upstream.client]: the legs' client;
+- [`fleet`][pd_policy_vllm.http.fleet.members]: the workers, their health, probes, placement,
   metrics and the admin routes;
 - [`media`][pd_policy_vllm.http.media]: remote media fetched by the proxy;
 - [`cli`][pd_policy_vllm.http.cli]: the command.

@@ -34,7 +34,7 @@ def decode_capability(decode: Member) -> WorkerCapability:
     """``decode``'s capability as a router may use it: the metadata path needs the
     scale-out routes on both workers. A decode without them is plainly
     language-model-only; a prefill without them leaves the request unrendered (the
-    request decided on, [`as_decided`][pd_policy_vllm.openai.plan.steps.as_decided]),
+    request decided on, [`as_decided`][pd_policy_vllm.openai.plan.request.as_decided]),
     which the core refuses for the metadata path by naming what is missing
     (``input_ids``)."""
     capability = decode.worker.capability
