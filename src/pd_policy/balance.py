@@ -9,14 +9,20 @@ The order of the rules is the contract:
 2. **Routable next.** Of those, only the ones whose health says so
    ([`health`][pd_policy.health]). When every compatible worker is out, the answer
    is a 503 that a client may retry, never an incompatible worker.
-3. **Affinity, bounded by load.** A request with an affinity key (its media's
+3. **Cache, bounded by load.** When the router knows how many of the request's leading
+   KV blocks each worker holds (its prefix cache, from the worker's KV events:
+   [`prefix_index`][pd_policy.prefix_index]), the worker that holds the most takes it,
+   among those whose load stays within ``bound`` times the fleet's mean: a prefix
+   computed once is not computed again, and one hot prefix cannot flood its worker.
+4. **Affinity, bounded by load.** A request with an affinity key (its media's
    identities: the prefill's prefix and encoder caches hold that media) goes to the
    first worker in the key's rendezvous order whose load stays within ``bound``
    times the fleet's mean (with this request counted), the *consistent hashing with
    bounded loads* rule: one hot image cannot overload one worker, and no worker
    ever carries more than ``ceil(bound * mean)``.
-4. **Least outstanding** otherwise (ties go to the caller's order), or, with
-   ``choices=2``, the less loaded of two workers the caller drew at random.
+5. **Least outstanding** otherwise (ties go to the caller's order), or, with
+   ``choices=2``, the less loaded of two workers the caller drew at random, or in turn
+   (round robin).
 
 Nothing here is random: the caller draws, so the choice is a pure function.
 """
@@ -49,18 +55,22 @@ class Balance(enum.Enum):
     LEAST_OUTSTANDING = "least_outstanding"
     #: The less loaded of two drawn at random (for routers whose counts go stale).
     TWO_CHOICES = "two_choices"
+    #: Each in turn, whatever its load (a baseline, and for workers of one speed).
+    ROUND_ROBIN = "round_robin"
 
 
 @attrs.frozen(slots=True)
 class WorkerSnapshot(Generic[T]):
     """One worker as the router sees it when it chooses: its ``name`` (stable, for the
     rendezvous order; never a URL with credentials), whether it is ``routable`` now,
-    its ``outstanding`` requests, and the caller's ``handle``."""
+    its ``outstanding`` requests, how many of the request's leading KV blocks it holds
+    (``cached``), and the caller's ``handle``."""
 
     name: str
     handle: T
     routable: bool = True
     outstanding: int = 0
+    cached: int = 0
 
 
 def _score(key: str, name: str) -> bytes:
@@ -87,13 +97,15 @@ def choose(
     bound: float = DEFAULT_BOUND,
     balance: Balance = Balance.LEAST_OUTSTANDING,
     draws: tuple[int, int] = (0, 0),
+    turn: int = 0,
 ) -> WorkerSnapshot[T]:
     """The worker, among ``compatible`` (the ones that can serve the leg, in the caller's
     order), that takes the leg; see the module docs for the rules.
 
     ``role`` names the leg's kind in the error (``prefill``, ``decode``, ``encode``).
     ``draws`` are two random integers for ``Balance.TWO_CHOICES`` (any range: they are
-    taken modulo the routable count).
+    taken modulo the routable count), ``turn`` the count of choices made for
+    ``Balance.ROUND_ROBIN``.
 
     Raises [`NoWorkerAvailable`][pd_policy.errors.NoWorkerAvailable] (503, retryable)
     when no compatible worker is routable, and
@@ -106,13 +118,17 @@ def choose(
         raise NoWorkerAvailable(role)
     if len(up) == 1:  # every rule below takes it: skip the hashing
         return up[0]
+    if balance is Balance.ROUND_ROBIN:
+        return up[turn % len(up)]
+    cap = math.ceil(bound * (sum(w.outstanding for w in up) + 1) / len(up))
+    holders = [w for w in up if w.cached and w.outstanding + 1 <= cap]
+    if holders:
+        return max(holders, key=lambda w: (w.cached, -w.outstanding))
     if affinity is not None:
-        total = sum(w.outstanding for w in up) + 1
-        cap = math.ceil(bound * total / len(up))
         for i in rendezvous_order(affinity, [w.name for w in up]):
             if up[i].outstanding + 1 <= cap:
                 return up[i]
-    if balance is Balance.TWO_CHOICES and len(up) > 1:
+    if balance is Balance.TWO_CHOICES:
         a, b = up[draws[0] % len(up)], up[draws[1] % len(up)]
         return a if a.outstanding <= b.outstanding else b
     return min(up, key=lambda w: w.outstanding)

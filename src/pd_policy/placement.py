@@ -8,8 +8,10 @@ apart. For each role, in this order:
    encoder and prefill by the request's media, the decode by the request as it will
    be when the decode is called (the chosen prefill may render it first);
 2. of those, the *routable* ones, leaving out those an earlier attempt failed on;
-3. the encoder and the prefill by *affinity* to the request's media (their prefix and
-   encoder caches hold it), bounded by load; the decode by load alone
+3. the prefill by the *KV blocks* of the request it holds, when the router knows them
+   (its KV events), then the encoder and the prefill by *affinity* to the request's
+   media (their prefix and encoder caches hold it), each bounded by load; the decode
+   by load alone
    ([`Roster.choose`][pd_policy.roster.Roster.choose]).
 
 Pure but for the roster's draw counter: the members' health and load are read, never
@@ -18,7 +20,7 @@ moved.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 import attrs
@@ -63,6 +65,7 @@ def place(
     exclude: Sequence[str] = (),
     encode: bool = False,
     decided: Callable[[Member[W], bool], Request] | None = None,
+    cached: Mapping[str, int] | None = None,
 ) -> Placement[W]:
     """The members of ``roster`` that take an attempt at ``request``, leaving out those
     named in ``exclude``.
@@ -70,7 +73,9 @@ def place(
     ``capability`` says what a member can serve now (an adapter may demote a decode for
     a route it lacks). ``encode`` says the request runs E/P/D when an encoder that can
     take it is listed. ``decided(prefill, encoded)`` gives the request as the decode
-    will see it after that prefill (default: ``request`` itself).
+    will see it after that prefill (default: ``request`` itself). ``cached`` says how
+    many of the request's leading KV blocks each prefill holds, by name (from their KV
+    events): the prefill that holds the most takes it, within the load bound.
 
     Raises [`MultimodalNotSupported`][pd_policy.errors.MultimodalNotSupported] (400)
     when prefills are listed and none can process the request's media, the carve-out
@@ -101,7 +106,11 @@ def place(
             "as a language model only, or as an encoder"
         )
     prefill = roster.choose(
-        "prefill", [c.handle for c in prefills], affinity=affinity, exclude=exclude
+        "prefill",
+        [c.handle for c in prefills],
+        affinity=affinity,
+        exclude=exclude,
+        cached=cached,
     )
     seen = decided(prefill, encoded) if decided is not None else request
     compatible = [c.handle for c in select_decode_workers(seen, candidates("decode"))]

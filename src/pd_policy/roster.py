@@ -15,7 +15,7 @@ or path, so it never holds a key.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final, Generic, TypeVar
 
 import attrs
@@ -77,6 +77,7 @@ class Roster(Generic[W]):
         self._members: list[Member[W]] = []
         self.on_change = on_change
         self._draws = 0
+        self._turns: dict[str, int] = {}
         self.generation = 0
 
     def __iter__(self) -> Iterator[Member[W]]:
@@ -156,16 +157,26 @@ class Roster(Generic[W]):
         *,
         affinity: str | None = None,
         exclude: Sequence[str] = (),
+        cached: Mapping[str, int] | None = None,
     ) -> Member[W]:
         """The member of ``compatible`` (those that can serve the leg) that takes it, by
         [`choose`][pd_policy.balance.choose]; ``exclude`` names the members an earlier
-        attempt of the request failed on. Raises
+        attempt of the request failed on, ``cached`` how many of its leading KV blocks
+        each member holds, by name. Raises
         [`NoWorkerAvailable`][pd_policy.errors.NoWorkerAvailable] (503, retryable)."""
+        held = cached or {}
         snapshots = [
-            WorkerSnapshot(m.name, m, routable(m.health) and m.name not in exclude, m.outstanding)
+            WorkerSnapshot(
+                m.name,
+                m,
+                routable(m.health) and m.name not in exclude,
+                m.outstanding,
+                held.get(m.name, 0),
+            )
             for m in compatible
         ]
         self._draws += 1
+        turn = self._turns[role] = self._turns.get(role, -1) + 1
         # Two "random" draws: a counter mixed by two odd constants spreads them, and keeps
         # the roster free of a random source a test would have to seed.
         draws = (self._draws * 0x9E3779B1 >> 7, self._draws * 0x85EBCA77 >> 9)
@@ -176,5 +187,6 @@ class Roster(Generic[W]):
             bound=self.bound,
             balance=self.balance,
             draws=draws,
+            turn=turn,
         )
         return chosen.handle
