@@ -8,6 +8,7 @@ import attrs
 
 from pd_policy import Placement, Request
 from pd_policy_vllm.http.aio import web
+from pd_policy_vllm.http.fleet.kv_routing import Lookup
 from pd_policy_vllm.http.fleet.members import Member
 from pd_policy_vllm.http.fleet.routing import HttpPlacer
 from pd_policy_vllm.http.front_door import Incoming
@@ -39,5 +40,7 @@ class Attempt:
     relay: DecodeRelay | None = None
     #: The decode form of the last plan, ``-`` before any.
     form: str = "-"
+    #: What the prefills' KV caches hold of the request, when it was looked up.
+    lookup: Lookup | None = None
     legs: list[tuple[str, float]] = attrs.field(factory=list)
     retried: list[str] = attrs.field(factory=list)

@@ -41,6 +41,7 @@ from pd_policy_vllm.http.flags import (
     admin_hosts,
     client_uuids,
     front_door,
+    kv_routing,
     media_limits,
     operator_says,
     parser,
@@ -256,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         fleet, keys, remote, hosts = _configured(args)
+        kv_routing(args)  # refused here, before any process starts
     except (InvalidConfiguration, aiohttp.ClientError) as exc:
         print(f"pd-policy-proxy: {exc}", file=sys.stderr)
         return 2
@@ -278,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             client_uuids=client_uuids(args),
             media_limits=media_limits(args),
             request_timeout=args.request_timeout,
+            kv_routing=kv_routing(args),
         )
 
     if args.processes > 1:

@@ -33,6 +33,7 @@ from pd_policy_vllm.http.aio import web
 from pd_policy_vllm.http.attempt import Attempt
 from pd_policy_vllm.http.calls import REQUEST_ID_HEADER, leg_headers
 from pd_policy_vllm.http.decode import relay
+from pd_policy_vllm.http.fleet.kv_routing import KvRouting
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.fleet.metrics import Metrics
 from pd_policy_vllm.http.fleet.routing import HttpPlacer
@@ -50,7 +51,9 @@ class Driver:
     """The I/O of the requests of a proxy over ``fleet``: ``planning`` plans each attempt,
     ``upstream`` sends the legs with ``headers`` (the workers' key), ``attempts`` is the
     budget and ``deadline`` the seconds a whole request may take (``None``: no limit);
-    ``metrics`` and, when ``log``, the request log record each end.
+    ``metrics`` and, when ``log``, the request log record each end. ``kv`` looks each
+    request up in the prefills' KV caches before it is placed (``None``: no KV-event
+    routing).
     [`run`][pd_policy_vllm.http.driver.Driver.run] answers one client."""
 
     def __init__(
@@ -64,8 +67,10 @@ class Driver:
         attempts: int,
         deadline: float | None,
         log: bool,
+        kv: KvRouting | None = None,
     ) -> None:
         self.fleet, self.planning, self.upstream, self.metrics = fleet, planning, upstream, metrics
+        self.kv = kv
         self.attempts, self.deadline, self.log = attempts, deadline, log
         # Every leg's headers but its request's id (leg_headers, made once).
         self.headers = leg_headers("", headers)
@@ -88,9 +93,14 @@ class Driver:
         attempt = Attempt(incoming, request, arrived, placer)
         exchange: Exchange[HttpWorker] = Exchange(placer, attempts=self.attempts)
         first_byte = functools.partial(exchange.handle, FirstByte())
-        action = settle(fleet, exchange.handle(Begin()))
         try:
             async with asyncio.timeout(self.deadline) as deadline:
+                if self.kv is not None:
+                    # What each prefill's cache holds of the request, before it is placed.
+                    attempt.lookup = await self.kv.lookup(placer, upstream, headers)
+                    if attempt.lookup is not None:
+                        placer.cached = attempt.lookup.cached
+                action = settle(fleet, exchange.handle(Begin()))
                 while not isinstance(action, Finish):
                     if isinstance(action, Plan):
                         event = await self.planning.planned(attempt, action)
@@ -132,6 +142,9 @@ class Driver:
             ttft=decode.first_byte_at - attempt.arrived if answered and decode else None,
             decode_bytes=decode.sent if answered and decode else None,
         )
+        if self.kv is not None:
+            prefill = attempt.placement.prefill.name if attempt.placement else None
+            self.metrics.kv_routed(attempt.lookup, prefill)
         if self.log:
             log_request(
                 incoming.request_id,

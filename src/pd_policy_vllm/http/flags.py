@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pd_policy import Balance, ClientUuids, KvConnectorMode
+from pd_policy import Balance, ClientUuids, InvalidConfiguration, KvConnectorMode
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts, allowed_hosts
 from pd_policy_vllm.http.fleet.describe import CAPABILITIES, OperatorSays
+from pd_policy_vllm.http.fleet.kv_routing import KvRouting
 from pd_policy_vllm.http.limit_flags import (
     add_limit_flags,
     front_door,
@@ -28,6 +29,7 @@ __all__ = [
     "admin_hosts",
     "client_uuids",
     "front_door",
+    "kv_routing",
     "media_limits",
     "operator_says",
     "parser",
@@ -165,6 +167,25 @@ def parser() -> argparse.ArgumentParser:
         help="the hosts an admin may add a worker on: names, addresses and CIDR networks "
         "(repeat, or comma-separated; a network matches address literals only) (any)",
     )
+    add(
+        "--kv-routing",
+        action="store_true",
+        help="send each request to the prefill whose KV cache holds the most of it, within "
+        "the load bound, as the prefills' KV events say (each run with --kv-events-config "
+        "on tcp://*:PORT and VLLM_SERVER_DEV_MODE=1; chat requests are rendered on one with "
+        "--enable-scale-out); a prefill whose events cannot be followed is routed as before",
+    )
+    add(
+        "--kv-hash-seed",
+        metavar="SEED",
+        help="the prefills' PYTHONHASHSEED, when they run with one (it seeds their block hashes)",
+    )
+    add(
+        "--kv-index-blocks",
+        type=int,
+        default=1 << 20,
+        help="the block hashes kept per prefill for KV routing (1048576: 8 MiB or so each)",
+    )
     add_limit_flags(cli)
     add("--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers")
     add(
@@ -192,6 +213,16 @@ def admin_hosts(args: argparse.Namespace) -> AllowedHosts | None:
     [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for an entry that is
     not a host, an address or a network."""
     return allowed_hosts(args.admin_allowed_hosts) if args.admin_allowed_hosts else None
+
+
+def kv_routing(args: argparse.Namespace) -> KvRouting | None:
+    """The KV-event routing the flags ask for, if any. Raises
+    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a bound below 1."""
+    if not args.kv_routing:
+        return None
+    if args.kv_index_blocks < 1:
+        raise InvalidConfiguration("--kv-index-blocks must be at least 1", "kv_index_blocks")
+    return KvRouting(seed=args.kv_hash_seed, max_blocks=args.kv_index_blocks)
 
 
 def client_uuids(args: argparse.Namespace) -> ClientUuids:

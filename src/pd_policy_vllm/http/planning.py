@@ -23,7 +23,8 @@ from pd_policy_vllm.http.front_door import Incoming
 from pd_policy_vllm.http.media.fetch import RemoteMedia, pin_remote_media, refuse_remote_media
 from pd_policy_vllm.http.media.guard import MediaLimits
 from pd_policy_vllm.openai.plan.events import planned
-from pd_policy_vllm.openai.plan.steps import STRIPPED, Plan, plan_request
+from pd_policy_vllm.openai.plan.request import Route
+from pd_policy_vllm.openai.plan.steps import STRIPPED, Plan, plan_rendered, plan_request
 from pd_policy_vllm.openai.workers import HttpWorker
 
 __all__ = ["Planning", "remote_media_for"]
@@ -35,6 +36,27 @@ def remote_media_for(mode: RemoteMedia | None, prefill: Member) -> RemoteMedia:
     if mode is not None:
         return mode
     return RemoteMedia.FETCH if prefill.worker.media.rules.known else RemoteMedia.UNCACHED
+
+
+def _rendered_before(plan: Plan[Member], attempt: Attempt, chosen: Chosen) -> Plan[Member]:
+    # The M-RoPE metadata path renders on the prefill first: a request the KV-event lookup
+    # rendered already (the same body, under the same media settings) is not rendered
+    # twice. E/P/D renders on its encoder, whose failure is the encoder's: left as it is.
+    lookup = attempt.lookup
+    if (
+        plan.render is None
+        or plan.epd
+        or lookup is None
+        or lookup.rendered is None
+        or lookup.route is not Route.CHAT
+        or plan.body is not attempt.incoming.body
+        or chosen.request is None
+    ):
+        return plan
+    try:
+        return plan_rendered(plan, lookup.rendered)
+    except PolicyError:
+        return plan  # rendered again, on the prefill, as without the lookup
 
 
 @attrs.frozen(slots=True)
@@ -84,6 +106,7 @@ class Planning:
             plan = await self.plan(attempt.incoming, chosen)
         except PolicyError as exc:
             return PlanFailed(exc)
+        plan = _rendered_before(plan, attempt, chosen)
         attempt.plan, attempt.form = plan, plan.form.value
         return planned(plan)
 

@@ -35,6 +35,7 @@ from pd_policy_vllm.http.driver import Driver
 from pd_policy_vllm.http.fleet.admin import Admin, add_admin_routes
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts
 from pd_policy_vllm.http.fleet.describe import OperatorSays
+from pd_policy_vllm.http.fleet.kv_routing import KvRouting
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.fleet.metrics import CONTENT_TYPE, Metrics
 from pd_policy_vllm.http.fleet.models import fleet_models
@@ -80,6 +81,9 @@ class Proxy:
     public hosts only, by default), over a session of its own. ``request_timeout``: the
     seconds a whole request may take, its retries included (``None``: no limit; past it,
     a 504 ``pd_request_timeout``, or the stream's last event once it has begun).
+    ``kv_routing``: place each request on the prefill whose KV cache holds the most of
+    it, as the prefills' KV events say
+    ([`KvRouting`][pd_policy_vllm.http.fleet.kv_routing.KvRouting]; ``None``: not).
 
     Raises ``ValueError`` without a fleet or a pair, for ``admin`` with no admin key, and
     for ``RemoteMedia.FETCH`` with a prefill whose media rules are unknown (the proxy
@@ -108,6 +112,7 @@ class Proxy:
         client_uuids: ClientUuids = ClientUuids.SCOPED,
         media_limits: MediaLimits | None = None,
         request_timeout: float | None = None,
+        kv_routing: KvRouting | None = None,
     ) -> None:
         self.metrics = Metrics()
         if fleet is None:
@@ -135,6 +140,7 @@ class Proxy:
         if request_timeout is not None and not request_timeout > 0:
             raise ValueError("request_timeout must be positive")
         self.request_timeout = request_timeout
+        self.kv_routing = kv_routing
         self.draining = False
 
     def app(self) -> web.Application:
@@ -170,13 +176,19 @@ class Proxy:
                 attempts=self.attempts,
                 deadline=self.request_timeout,
                 log=self.log_requests,
+                kv=self.kv_routing,
             )
             probes = (
                 contextlib.nullcontext()
                 if self.probe is None
                 else probing(self.fleet, clients.workers, self.probe, headers)
             )
-            async with probes:
+            feeds = (
+                contextlib.nullcontext()
+                if self.kv_routing is None
+                else self.kv_routing.running(self.fleet)
+            )
+            async with probes, feeds:
                 yield
 
     async def _drain(self, app: web.Application) -> None:
@@ -197,6 +209,8 @@ class Proxy:
         authorization = request.headers.get("Authorization")
         if not self.keys.admits(authorization) and self.keys.admin(authorization) is None:
             return error_response(Unauthorized())
+        if self.kv_routing is not None:
+            self.metrics.kv_feeds(self.kv_routing.stats(), self.kv_routing.index)
         return web.Response(
             body=self.metrics.render(self.fleet), headers={"Content-Type": CONTENT_TYPE}
         )

@@ -33,6 +33,7 @@ from pd_policy import (
     derive_supports_vision,
 )
 from pd_policy.authority import host_of_url, worker_url
+from pd_policy_vllm.kv_events.source import KvSource
 from pd_policy_vllm.openai.media.identity import WorkerMedia
 
 __all__ = [
@@ -67,6 +68,9 @@ class HttpWorker:
     renders: bool = False
     #: What it does with media (a prefill worker's): its fetch rules and processing settings.
     media: WorkerMedia = attrs.field(factory=WorkerMedia)
+    #: Where it publishes its KV events and how it names its blocks (a prefill worker's),
+    #: when a router can follow them; else ``None``.
+    kv_events: KvSource | None = None
 
 
 def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -15,6 +15,7 @@ flags do.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -31,6 +32,8 @@ from pd_policy import (
 from pd_policy.authority import host_of_url, worker_url
 from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.auth import for_url
+from pd_policy_vllm.http.fleet.members import member_name
+from pd_policy_vllm.kv_events.source import kv_source_from_config
 from pd_policy_vllm.openai.media.identity import WorkerMedia
 from pd_policy_vllm.openai.plan.scale_out import DERENDER, RENDER
 from pd_policy_vllm.openai.workers import (
@@ -41,6 +44,8 @@ from pd_policy_vllm.openai.workers import (
 )
 
 __all__ = ["CAPABILITIES", "OperatorSays", "describe", "server_info"]
+
+_log = logging.getLogger(__name__)
 
 #: What ``--decode-capability`` can say of a decode worker that does not describe itself.
 CAPABILITIES: Final = {
@@ -110,7 +115,9 @@ async def describe(
 
     ``headers`` go with every call (the workers' API key). ``renders`` says whether it
     serves vLLM's scale-out routes: a prefill or an encoder the render route, a decode
-    the derender route. Raises ``aiohttp.ClientError`` for a worker that cannot be
+    the derender route. A prefill's KV events are read from its configuration
+    ([`kv_source_from_config`][pd_policy_vllm.kv_events.source.kv_source_from_config]).
+    Raises ``aiohttp.ClientError`` for a worker that cannot be
     reached, and [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for
     one this library cannot serve: a prefill whose KV connector neither it nor the
     operator names, settings of the wrong type, an address
@@ -136,10 +143,14 @@ async def describe(
             # The operator states the worker's rules: an empty list is vLLM's "any host".
             rules = MediaFetchRules(allowed_domains=says.allowed_media_domains, known=True)
             media = WorkerMedia(rules)
-    kv = PrefillKv(KvConnectorMode.NIXL)
+    kv, events = PrefillKv(KvConnectorMode.NIXL), None
     if role == "prefill":
         kv = _prefill_kv(config, url, says)
-    return HttpWorker(url, capability, kv=kv, renders=renders, media=media)
+        if isinstance(config, Mapping):
+            events, why = kv_source_from_config(config, url)
+            if events is None:
+                _log.info("%s: no KV-event routing on this prefill: %s", member_name(url), why)
+    return HttpWorker(url, capability, kv=kv, renders=renders, media=media, kv_events=events)
 
 
 def _prefill_kv(config: Any, url: str, says: OperatorSays) -> PrefillKv:

@@ -7,7 +7,14 @@
 - ``pd_policy_decode_leg_bytes``: the bytes of each decode leg the proxy sent;
 - ``pd_policy_worker_outstanding{role, worker}`` and ``pd_policy_worker_up{role, worker}``
   (1 when routable): each member's load and health;
-- ``pd_policy_retries_total{leg}`` and ``pd_policy_ejections_total{role, worker}``.
+- ``pd_policy_retries_total{leg}`` and ``pd_policy_ejections_total{role, worker}``;
+- with KV-event routing: ``pd_policy_kv_routing_total{outcome}`` (``hit``: the prefill
+  chosen held some of the request's blocks, ``miss``: none held, ``fallback``: not looked
+  up), ``pd_policy_kv_blocks_total{kind}`` (the prompt blocks of the requests routed,
+  ``cached`` on the prefill chosen or ``computed``), and per fed prefill
+  ``pd_policy_kv_event_lag_seconds`` (its last batch's age on arrival, clocks apart),
+  ``pd_policy_kv_blocks_indexed``, ``pd_policy_kv_synced`` (1 when its blocks count) and
+  ``pd_policy_kv_resyncs_total`` (its blocks forgotten after lost events).
 
 A ``worker`` label is the member's name (``scheme://host:port``): no credentials, no
 path. No label holds a key, a salt or a request's content. Each proxy has a registry of
@@ -16,13 +23,18 @@ its own (tests run several in one process).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from pd_policy import Health, routable
 from pd_policy_vllm.http.fleet.members import Fleet, Member
+
+if TYPE_CHECKING:
+    from pd_policy.prefix_index import PrefixIndex
+    from pd_policy_vllm.http.fleet.kv_routing import Lookup
+    from pd_policy_vllm.kv_events.feed import FeedStats
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -72,6 +84,38 @@ class Metrics:
             "pd_policy_ejections", "Members ejected", ["role", "worker"], registry=r
         )
 
+        self.kv_routing = Counter(
+            "pd_policy_kv_routing",
+            "Requests by what the prefill chosen held of their KV blocks",
+            ["outcome"],
+            registry=r,
+        )
+        self.kv_blocks = Counter(
+            "pd_policy_kv_blocks",
+            "Prompt blocks of the requests routed, cached on the prefill chosen or computed",
+            ["kind"],
+            registry=r,
+        )
+        self.kv_lag = Gauge(
+            "pd_policy_kv_event_lag_seconds",
+            "A fed prefill's last KV-event batch's age on arrival",
+            ["worker"],
+            registry=r,
+        )
+        self.kv_indexed = Gauge(
+            "pd_policy_kv_blocks_indexed", "Blocks indexed per fed prefill", ["worker"], registry=r
+        )
+        self.kv_synced = Gauge(
+            "pd_policy_kv_synced", "1 when a fed prefill's blocks count", ["worker"], registry=r
+        )
+        self.kv_resyncs = Counter(
+            "pd_policy_kv_resyncs",
+            "A fed prefill's blocks forgotten after lost or unreadable events",
+            ["worker"],
+            registry=r,
+        )
+        self._resyncs_seen: dict[str, int] = {}
+
         # Children by label values: ``labels()`` takes a lock and checks the values on
         # every call, and every request makes four. The label sets are few and bounded
         # (legs, routes, forms, codes).
@@ -116,6 +160,30 @@ class Metrics:
         if decode_bytes is not None:
             self.decode_bytes.observe(decode_bytes)
         self.count_request(route, form, outcome)
+
+    def kv_routed(self, lookup: Lookup | None, prefill: str | None) -> None:
+        """One request's KV-event routing: what was ``lookup``ed, and the ``prefill`` it
+        went to (``None``: none was chosen)."""
+        if lookup is None or prefill is None:
+            self.kv_routing.labels("fallback").inc()
+            return
+        held = lookup.cached.get(prefill, 0)
+        self.kv_routing.labels("hit" if held else "miss").inc()
+        self.kv_blocks.labels("cached").inc(held)
+        self.kv_blocks.labels("computed").inc(lookup.blocks - held)
+
+    def kv_feeds(self, stats: Mapping[str, FeedStats], index: PrefixIndex) -> None:
+        """The fed prefills' feeds as they are now (their lag, blocks, sync, resyncs)."""
+        for worker, seen in stats.items():
+            lag = seen.lag()
+            if lag is not None:
+                self.kv_lag.labels(worker).set(lag)
+            self.kv_indexed.labels(worker).set(index.held(worker))
+            self.kv_synced.labels(worker).set(1 if index.synced(worker) else 0)
+            new = seen.resyncs - self._resyncs_seen.get(worker, 0)
+            if new > 0:
+                self.kv_resyncs.labels(worker).inc(new)
+            self._resyncs_seen[worker] = seen.resyncs
 
     def health_changed(self, member: Member, before: Health) -> None:
         """Follow a member's health (the fleet's ``on_change``)."""

@@ -9,6 +9,9 @@ What is the proxy's own:
   case: else the plan reads it again under the chosen prefill's), and its refusals (a
   malformed body, a URL the workers would not read) end the exchange before any worker
   is called;
+- the prefill that holds the most of the request's leading KV blocks takes it, within the
+  load bound, when they were looked up (``cached``:
+  [`kv_routing`][pd_policy_vllm.http.fleet.kv_routing]);
 - a decode worker that takes M-RoPE metadata takes it only when it and the chosen prefill
   both serve vLLM's scale-out routes; else it is a plainly language-model-only worker
   for this request.
@@ -84,6 +87,9 @@ class HttpPlacer:
         self._request: Request | None = None
         #: The last choice, for the plan of its attempt.
         self.chosen: Chosen | None = None
+        #: How many of the request's leading KV blocks each prefill holds, by name, when
+        #: they were looked up (KV-event routing); else ``None``.
+        self.cached: Mapping[str, int] | None = None
 
     @property
     def request(self) -> Request:
@@ -112,6 +118,7 @@ class HttpPlacer:
             exclude=excluded,
             decided=decided,
             encode=encode,
+            cached=self.cached,
         )
         decode = placed.decode
         # The identities depend on the prefill's media settings: the request is taken as

@@ -1,0 +1,188 @@
+"""Routing on what each prefill's prefix cache holds: the proxy's side of the core's
+[`PrefixIndex`][pd_policy.prefix_index.PrefixIndex].
+
+Each prefill that publishes its KV events (read from its description:
+[`kv_source_from_config`][pd_policy_vllm.kv_events.source.kv_source_from_config]) is fed
+into one index while it is a member ([`Feeds`][pd_policy_vllm.kv_events.feeds.Feeds]).
+Before a request is placed, its [`lookup`][pd_policy_vllm.http.fleet.kv_routing.KvRouting.lookup]
+learns its expanded prompt (from a prefill's render route, or from a completions body's
+token prompt), names its blocks as each prefill does, and counts the leading ones each
+prefill holds: the placement prefers the prefill that holds the most, within the load
+bound ([`choose`][pd_policy.balance.choose]).
+
+A lookup never fails a request: a request that cannot be looked up (no prefill fed, no
+prefill that renders, a render that fails or says nothing readable, media the proxy would
+not let a worker fetch yet) is placed by the rules without it. Bodies with remote media
+are not rendered at all: the proxy decides what to do with a URL (fetch it once, refuse
+it) before any worker reads it, and a render would read it first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import attrs
+
+from pd_policy import MediaSource, PolicyError, routable
+from pd_policy.kv_blocks import BlockHasher, HashAlgo, external_hash
+from pd_policy.prefix_index import PrefixIndex
+from pd_policy_vllm.http.calls import post_json
+from pd_policy_vllm.http.fleet.members import Fleet, Member
+from pd_policy_vllm.http.fleet.routing import HttpPlacer
+from pd_policy_vllm.http.upstream import Upstream
+from pd_policy_vllm.kv_events.feed import FeedStats
+from pd_policy_vllm.kv_events.feeds import Feeds
+from pd_policy_vllm.openai.media.parts import media_parts
+from pd_policy_vllm.openai.plan.prefix import RENDERS, Prompt, prompt_of_body, prompt_of_render
+from pd_policy_vllm.openai.plan.request import Route
+
+__all__ = ["KvRouting", "Lookup"]
+
+_log = logging.getLogger(__name__)
+_UNREAD = (MediaSource.REMOTE, MediaSource.LOCAL)
+
+
+@attrs.frozen(slots=True)
+class Lookup:
+    """What a lookup learned: the leading blocks of the request each fed prefill holds, by
+    name, how many blocks its prompt has, and the render's answer when it rendered (a
+    plan that renders on the same terms may take it)."""
+
+    cached: Mapping[str, int]
+    blocks: int
+    rendered: Any = None
+    route: Route | None = None
+
+
+class KvRouting:
+    """KV-event routing for a proxy's prefills: ``seed`` is the workers'
+    ``PYTHONHASHSEED`` (``None``: unset), ``max_blocks`` bounds the hashes kept per
+    worker, ``timeout`` a lookup's render and a feed's replay."""
+
+    def __init__(
+        self, *, seed: str | None = None, max_blocks: int = 1 << 20, timeout: float = 2.0
+    ) -> None:
+        self.seed, self.timeout = seed, timeout
+        self.index = PrefixIndex(max_blocks=max_blocks)
+        self._hashers: dict[tuple[int, HashAlgo], BlockHasher] = {}
+        self.feeds: Feeds | None = None
+
+    def _hasher(self, block_size: int, algo: HashAlgo) -> BlockHasher:
+        key = (block_size, algo)
+        hasher = self._hashers.get(key)
+        if hasher is None:
+            hasher = self._hashers[key] = BlockHasher(block_size, algo, self.seed)
+        return hasher
+
+    @contextlib.asynccontextmanager
+    async def running(
+        self, fleet: Fleet, on_batch: Any = None, interval: float = 1.0
+    ) -> AsyncIterator[None]:
+        """Feed the index from ``fleet``'s prefills for the duration of the block,
+        following the fleet's changes every ``interval`` seconds."""
+        feeds = self.feeds = Feeds(self.index, timeout=self.timeout, on_batch=on_batch)
+
+        async def follow() -> None:
+            while True:
+                feeds.reconcile(
+                    {
+                        m.name: m.worker.kv_events
+                        for m in fleet.of("prefill")
+                        if m.worker.kv_events is not None
+                    }
+                )
+                await asyncio.sleep(interval)
+
+        task = asyncio.create_task(follow())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await feeds.close()
+            self.feeds = None
+
+    def stats(self) -> dict[str, FeedStats]:
+        """Each fed prefill's feed statistics, by name."""
+        if self.feeds is None:
+            return {}
+        return {n: s for n in self.feeds.sources if (s := self.feeds.stats(n)) is not None}
+
+    def _fed(self, fleet: Fleet) -> list[Member]:
+        return [
+            m
+            for m in fleet.of("prefill")
+            if m.worker.kv_events is not None and self.index.synced(m.name)
+        ]
+
+    async def lookup(
+        self,
+        placer: HttpPlacer,
+        upstream: Upstream,
+        headers: Mapping[str, str],
+    ) -> Lookup | None:
+        """The request of ``placer``, looked up (see the module docs); ``None`` when it
+        cannot be. Renders on a routable prefill that serves the render route, over
+        ``upstream`` with ``headers``; bounded by ``timeout``."""
+        fed = self._fed(placer.fleet)
+        if not fed:
+            return None
+        body, route = placer.body, placer.route
+        try:
+            request = placer.request  # the policy's refusals come first, before any worker
+            if request.n > 1:
+                return None  # no prefill runs
+            prompt = prompt_of_body(body, route)
+            rendered = None
+            if prompt is None:
+                rendered = await self._render(placer, upstream, headers)
+                if rendered is None:
+                    return None
+                prompt = prompt_of_render(rendered, body)
+        except (PolicyError, TimeoutError):
+            return None
+        cached, blocks = self._count(fed, prompt)
+        return Lookup(cached, blocks, rendered, route if rendered is not None else None)
+
+    async def _render(
+        self, placer: HttpPlacer, upstream: Upstream, headers: Mapping[str, str]
+    ) -> Any:
+        route = RENDERS.get(placer.route)
+        renderers = [
+            m for m in placer.fleet.of("prefill") if m.worker.renders and routable(m.health)
+        ]
+        if route is None or not renderers:
+            return None
+        media = placer.media
+        if media is None or any(
+            part.source in _UNREAD for part in media_parts(placer.body, media.rules)
+        ):
+            return None  # remote media: the proxy's to fetch or refuse first
+        member = min(renderers, key=lambda m: m.outstanding)
+        async with asyncio.timeout(self.timeout):
+            return await post_json(
+                upstream, "render", member.worker.url + route, placer.body, headers
+            )
+
+    def _count(self, fed: list[Member], prompt: Prompt) -> tuple[dict[str, int], int]:
+        cached: dict[str, int] = {}
+        chains: dict[tuple[int, HashAlgo], list[int]] = {}
+        blocks = 0
+        for member in fed:
+            source = member.worker.kv_events
+            assert source is not None
+            key = (source.block_size, source.algo)
+            chain = chains.get(key)
+            if chain is None:
+                hashes = self._hasher(*key).hashes(
+                    prompt.token_ids, prompt.items, cache_salt=prompt.cache_salt
+                )
+                chain = chains[key] = [external_hash(h) for h in hashes]
+            blocks = max(blocks, len(chain))
+            cached[member.name] = self.index.cached([member.name], chain)[member.name]
+        return cached, blocks
