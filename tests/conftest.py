@@ -8,11 +8,21 @@ examples than the default ``dev`` profile; ``fuzz`` (``make fuzz``) runs
 from __future__ import annotations
 
 import os
+import sys
 
-import pytest
-from hypothesis import HealthCheck, settings
+# Set before any test imports vLLM (tests/vllm, and tests/grpc's KV routing, which runs its
+# publisher): huggingface_hub reads HF_HUB_OFFLINE once, at import; the engines run in-process.
+_TOO_EARLY = sorted({"vllm", "huggingface_hub"} & set(sys.modules))
+assert not _TOO_EARLY, f"{_TOO_EARLY} imported before the tests set their environment"
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-from fuzzing import EXAMPLES
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from fuzzing import EXAMPLES  # noqa: E402
 
 settings.register_profile(
     "ci",

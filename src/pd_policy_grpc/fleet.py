@@ -8,9 +8,12 @@ every router of this library runs one:
 
 1. each attempt's members come from the core's [`place`][pd_policy.placement.place],
    which the HTTP proxy uses too: the prefill among the members that can process the
-   request's media, by affinity to its items' content hashes (its prefix cache holds
-   them), bounded by load; the decode among the members that can serve it (never one
-   that cannot while one that can is listed), by load;
+   request's media, by the leading KV blocks of the request each holds when the fleet
+   follows their KV events (``kv_routing``:
+   [`KvRouting`][pd_policy_grpc.kv_routing.KvRouting]), then by affinity to its items'
+   content hashes (its prefix cache holds them), each bounded by load; the decode among
+   the members that can serve it (never one that cannot while one that can is listed),
+   by load;
 2. the pair serves the attempt as [`SequentialPd`][pd_policy_grpc.client.SequentialPd]
    does (or [`SequentialPdBytes`][pd_policy_grpc.raw.client.SequentialPdBytes] on bytes);
 3. a worker's failure before the first decode response that may be retried counts
@@ -29,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -58,18 +61,26 @@ from pd_policy_grpc.raw.reader import RawRequest, read_request
 from pd_policy_grpc.view import request_view
 from pd_policy_grpc.wire import pb, pb_grpc
 
+if TYPE_CHECKING:  # the KV events need pyzmq and msgspec, which the fleet alone does not
+    from pd_policy_grpc.kv_routing import KvRouting
+
 __all__ = ["FleetPd", "GrpcWorker", "describe_worker"]
 
 
 @attrs.frozen(slots=True)
 class GrpcWorker:
     """One gRPC worker: its ``address`` (``host:port``, an IPv6 host in brackets), its
-    channel, its capability, and, for a prefill, how it hands KV over."""
+    channel, its capability, for a prefill how it hands KV over, and what its KV cache's
+    blocks are as ``GetServerInfo`` says: ``block_size`` tokens each (0: it does not
+    say) over ``data_parallel_size`` ranks (KV-event routing needs both,
+    [`kv_routing`][pd_policy_grpc.kv_routing])."""
 
     address: str
     channel: grpc.aio.Channel = attrs.field(eq=False, repr=False)
     capability: WorkerCapability
     kv: PrefillKv | None = None
+    block_size: int = 0
+    data_parallel_size: int = 1
 
 
 async def describe_worker(
@@ -92,7 +103,9 @@ async def describe_worker(
     kv = None
     if role == "prefill":
         kv = prefill_kv_from_info(server, address, mode=kv_mode, bootstrap_port=bootstrap_port)
-    return GrpcWorker(address, channel, capability_from_info(model, server), kv)
+    capability = capability_from_info(model, server)
+    ranks = max(server.data_parallel_size, 1)  # 0: a servicer that predates the field
+    return GrpcWorker(address, channel, capability, kv, server.block_size, ranks)
 
 
 #: A member of a gRPC fleet.
@@ -125,7 +138,10 @@ class FleetPd:
     for messages, ``SequentialPdBytes`` for bytes); ``attempts`` bounds the attempts of
     a request in all; ``timeout`` is each call's, ``deadline`` a whole request's
     (``None``: no bound; past it, ``pd_request_timeout``). A roster on the monotonic
-    clock is made when none is given. See the module docs.
+    clock is made when none is given. ``kv_routing`` places each prefill by the KV blocks
+    the fleet's prefills hold (run it with its
+    [`running`][pd_policy_grpc.kv_routing.KvRouting.running] over this roster); ``None``:
+    by the rules without it. See the module docs.
     """
 
     def __init__(
@@ -137,8 +153,10 @@ class FleetPd:
         timeout: float | None = None,
         probe_timeout: float = 2.0,
         deadline: float | None = None,
+        kv_routing: KvRouting | None = None,
     ) -> None:
         self.roster = roster if roster is not None else Roster(clock=time.monotonic)
+        self.kv_routing = kv_routing
         self.router, self.timeout, self.deadline = router, timeout, deadline
         self.attempts, self.probe_timeout = attempts, probe_timeout
         self.prober = Prober(self.roster, ProbeTimes(timeout=probe_timeout))
@@ -165,12 +183,24 @@ class FleetPd:
         no listed prefill can process its media, and
         [`NoWorkerAvailable`][pd_policy.errors.NoWorkerAvailable] (503, retryable)
         when the ones that could are all out of service."""
-        placed = self._placer(_view(request))(exclude)
+        placed = self._placer(request)(exclude)
         return placed.prefill, placed.decode
 
-    def _placer(self, view: Request) -> Callable[[tuple[str, ...]], Placement[GrpcWorker]]:
+    def _placer(self, request: Any) -> Callable[[tuple[str, ...]], Placement[GrpcWorker]]:
+        view = _view(request)  # the policy's refusals first, before any lookup
+        routing, lookup = self.kv_routing, None
+        if routing is not None:
+            message = request.skeleton if isinstance(request, RawRequest) else request
+            lookup = routing.lookup(self.roster, message)
+        cached = lookup.cached if lookup is not None else None
+
         def placer(excluded: tuple[str, ...]) -> Placement[GrpcWorker]:
-            return place(self.roster, view, capability=_capability, exclude=excluded)
+            placed = place(
+                self.roster, view, capability=_capability, exclude=excluded, cached=cached
+            )
+            if routing is not None:
+                routing.routed(lookup, placed.prefill.name)
+            return placed
 
         return placer
 
@@ -219,7 +249,7 @@ class FleetPd:
         )
 
     def _exchange(self, request: Any) -> Exchange[Any]:
-        return Exchange(self._placer(_view(request)), attempts=self.attempts)
+        return Exchange(self._placer(request), attempts=self.attempts)
 
     async def probe_once(self, *, kv_mode: KvConnectorMode | None = None) -> None:
         """Probe every member the prober names once (see the module docs); ``kv_mode`` as

@@ -11,8 +11,6 @@ at a time, and stop as soon as the run leaves the last module that uses them.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -26,15 +24,8 @@ from ray_fleet import RayFleet, ray_fleet
 from tiny_audio import build_qwen2audio
 from tiny_models import BUILDERS, TinyModel
 
-# Nothing above imports vLLM (the helpers import it when called), so these are set before
-# it is. huggingface_hub reads HF_HUB_OFFLINE once, at import: if another test directory ever
-# imports vLLM or the hub first, these lines belong in tests/conftest.py, and this check says so.
-_TOO_EARLY = sorted({"vllm", "huggingface_hub"} & set(sys.modules))
-assert not _TOO_EARLY, f"{_TOO_EARLY} imported before tests/vllm set their environment"
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["TRANSFORMERS_OFFLINE"] = "1"
-os.environ["TOKENIZERS_PARALLELISM"] = "false"
+# vLLM's environment is set by tests/conftest.py, before any test directory imports vLLM
+# (tests/grpc's KV-routing tests run vLLM's publisher).
 
 
 @pytest.fixture(scope="session")
