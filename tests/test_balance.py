@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import attrs
 import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
@@ -120,3 +121,72 @@ def test_a_bound_below_one_is_refused() -> None:
     with pytest.raises(NoWorkerAvailable) as caught:
         choose([], role="encode")
     assert caught.value.code == "no_encode_worker_available"
+
+
+@st.composite
+def cached_fleets(draw: st.DrawFn) -> list[WorkerSnapshot[int]]:
+    # Most workers hold nothing of a request; some hold a little, one may hold much.
+    held = st.integers(0, 0) | st.integers(1, 3) | st.integers(4, 40)
+    return [
+        WorkerSnapshot(w.name, w.handle, w.routable, w.outstanding, draw(held))
+        for w in draw(fleets())
+    ]
+
+
+@given(cached_fleets(), st.none() | st.text(max_size=4),
+       st.sampled_from([Balance.LEAST_OUTSTANDING, Balance.TWO_CHOICES]),
+       st.tuples(st.integers(0, 99), st.integers(0, 99)))  # fmt: skip
+def test_the_holder_of_the_most_blocks_takes_it_within_the_bound(
+    fleet: list[WorkerSnapshot[int]], key: str | None, balance: Balance, draws: tuple[int, int]
+) -> None:
+    up = [w for w in fleet if w.routable]
+    if not up:
+        return
+    cap = math.ceil(1.25 * (sum(w.outstanding for w in up) + 1) / len(up))
+    holders = [w for w in up if w.cached and w.outstanding + 1 <= cap]
+    chosen = choose(fleet, role="prefill", affinity=key, balance=balance, draws=draws)
+    if len(up) == 1:
+        assert chosen is up[0]
+        return
+    if holders:
+        event("a holder within the bound")
+        most = max(w.cached for w in holders)
+        assert chosen.cached == most and chosen.outstanding + 1 <= cap
+        assert chosen.outstanding == min(w.outstanding for w in holders if w.cached == most)
+        return
+    if any(w.cached for w in up):
+        event("every holder over the bound")
+    else:
+        event("no holder")
+    # No holder within the bound: the choice is the one without the cache's counts.
+    blind = [WorkerSnapshot(w.name, w.handle, w.routable, w.outstanding) for w in fleet]
+    again = choose(blind, role="prefill", affinity=key, balance=balance, draws=draws)
+    assert chosen.handle == again.handle
+
+
+@given(st.integers(2, 8), st.integers(1, 200), st.sampled_from([1.0, 1.25, 2.0]))
+def test_a_hot_prefix_never_puts_its_holder_past_the_bound(
+    workers: int, requests: int, bound: float
+) -> None:
+    # Every request's prefix is held by the first worker, and more of it by the second:
+    # they take what the bound allows, the rest spreads.
+    load = Counter[int]()
+    for placed in range(1, requests + 1):
+        snapshots = [
+            WorkerSnapshot(f"w{i}", i, True, load[i], cached=(5, 9)[i] if i < 2 else 0)
+            for i in range(workers)
+        ]
+        load[choose(snapshots, role="prefill", bound=bound).handle] += 1
+        assert max(load.values()) <= math.ceil(bound * placed / workers)
+    assert load[1] >= load[0] >= max((load[i] for i in range(2, workers)), default=0) - 1
+
+
+def test_round_robin_takes_each_routable_worker_in_turn_after_a_cache_hit() -> None:
+    fleet = [WorkerSnapshot(f"w{i}", i, i != 2, outstanding=3 - i) for i in range(4)]
+    turns = [
+        choose(fleet, role="prefill", affinity="img", balance=Balance.ROUND_ROBIN, turn=t).handle
+        for t in range(6)
+    ]
+    assert turns == [0, 1, 3, 0, 1, 3]  # whatever their load or media
+    held = [attrs.evolve(w, cached=4) if w.handle == 1 else w for w in fleet]
+    assert choose(held, role="prefill", balance=Balance.ROUND_ROBIN, turn=0).handle == 1

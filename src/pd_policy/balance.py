@@ -21,8 +21,10 @@ The order of the rules is the contract:
    bounded loads* rule: one hot image cannot overload one worker, and no worker
    ever carries more than ``ceil(bound * mean)``.
 5. **Least outstanding** otherwise (ties go to the caller's order), or, with
-   ``choices=2``, the less loaded of two workers the caller drew at random, or in turn
-   (round robin).
+   ``choices=2``, the less loaded of two workers the caller drew at random.
+
+``Balance.ROUND_ROBIN`` takes each routable worker in turn in place of rules 4 and 5
+(a baseline that knows nothing of media or load); the cache's rule still comes first.
 
 Nothing here is random: the caller draws, so the choice is a pure function.
 """
@@ -55,7 +57,7 @@ class Balance(enum.Enum):
     LEAST_OUTSTANDING = "least_outstanding"
     #: The less loaded of two drawn at random (for routers whose counts go stale).
     TWO_CHOICES = "two_choices"
-    #: Each in turn, whatever its load (a baseline, and for workers of one speed).
+    #: Each in turn, whatever its load or media (a baseline); a cache hit still comes first.
     ROUND_ROBIN = "round_robin"
 
 
@@ -118,12 +120,12 @@ def choose(
         raise NoWorkerAvailable(role)
     if len(up) == 1:  # every rule below takes it: skip the hashing
         return up[0]
-    if balance is Balance.ROUND_ROBIN:
-        return up[turn % len(up)]
     cap = math.ceil(bound * (sum(w.outstanding for w in up) + 1) / len(up))
     holders = [w for w in up if w.cached and w.outstanding + 1 <= cap]
     if holders:
         return max(holders, key=lambda w: (w.cached, -w.outstanding))
+    if balance is Balance.ROUND_ROBIN:
+        return up[turn % len(up)]
     if affinity is not None:
         for i in rendezvous_order(affinity, [w.name for w in up]):
             if up[i].outstanding + 1 <= cap:

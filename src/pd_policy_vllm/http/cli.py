@@ -256,8 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parser().parse_args(argv)
     try:
+        kv_routing(args)  # its flags refused here, before any worker is called
         fleet, keys, remote, hosts = _configured(args)
-        kv_routing(args)  # refused here, before any process starts
     except (InvalidConfiguration, aiohttp.ClientError) as exc:
         print(f"pd-policy-proxy: {exc}", file=sys.stderr)
         return 2

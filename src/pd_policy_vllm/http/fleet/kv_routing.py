@@ -144,9 +144,12 @@ class KvRouting:
                 if rendered is None:
                     return None
                 prompt = prompt_of_render(rendered, body)
+            cached, blocks = self._count(fed, prompt)  # refuses ids no vocabulary has
         except (PolicyError, TimeoutError):
             return None
-        cached, blocks = self._count(fed, prompt)
+        except Exception:  # a hint that fails costs the hint, never the request
+            _log.warning("a KV lookup failed: placed without it", exc_info=True)
+            return None
         return Lookup(cached, blocks, rendered, route if rendered is not None else None)
 
     async def _render(
@@ -164,10 +167,13 @@ class KvRouting:
         ):
             return None  # remote media: the proxy's to fetch or refuse first
         member = min(renderers, key=lambda m: m.outstanding)
+        # The lookup reads ids, hashes and places. A render answers each item's processed
+        # tensors too unless told not to (megabytes an image, parsed here); only the
+        # M-RoPE metadata plan, which may take the render over, needs them.
+        body = placer.body if placer.mrope else {**placer.body, "mm_payload": "none"}
         async with asyncio.timeout(self.timeout):
-            return await post_json(
-                upstream, "render", member.worker.url + route, placer.body, headers
-            )
+            # A prefill's route: its failure reads as the prefill's (and is only a miss).
+            return await post_json(upstream, "prefill", member.worker.url + route, body, headers)
 
     def _count(self, fed: list[Member], prompt: Prompt) -> tuple[dict[str, int], int]:
         cached: dict[str, int] = {}
