@@ -8,9 +8,12 @@ with ``--api-key``, and the proxy in front of them, which takes the workers' key
 its environment, its clients' from a file and its admin's (for ``/admin/workers``, which
 no client's key admits) from the environment. It sends mixed image and text traffic,
 kills one decode mid-run, sends more, restarts it and waits until the proxy routes to
-it again. It prints the answers beside the baseline's (the first prefill, sent plain
-requests), the spread of requests over the workers, and an excerpt of ``/metrics``;
-then stops every process it started, by process id.
+it again. The prefills publish their KV events and the proxy routes by them
+(``--kv-routing``): a conversation about one image is followed up, and the follow-up
+lands on the prefill that holds the image's blocks, which reports them cached. It prints
+the answers beside the baseline's (the first prefill, sent plain requests), the spread
+of requests over the workers, the conversation's two turns, and an excerpt of
+``/metrics``; then stops every process it started, by process id.
 
 Run: ``python examples/live_fleet.py`` (in the venv that ``make test`` builds). About
 four minutes, most of it servers starting.
@@ -69,8 +72,15 @@ def main() -> int:
             return f"error {reply['error']}"
         return " ".join(map(str, reply["choices"][0]["token_ids"]))
 
-    with pool_fleet(llava, work / "pool") as pool:
-        server, url = fleet_proxy(pool)
+    def conversation(turns: int) -> dict[str, Any]:
+        said = [f"turn {t}: {TEXT}" for t in range(turns)]
+        content = [{"type": "image_url", "image_url": {"url": data_url(image(5))}},
+                   {"type": "text", "text": " ".join(said)}]  # fmt: skip
+        return {"model": "tiny", "messages": [{"role": "user", "content": content}],
+                "max_tokens": 4, "temperature": 0}  # fmt: skip
+
+    with pool_fleet(llava, work / "pool", kv_events=True) as pool:
+        server, url = fleet_proxy(pool, "--kv-routing")
         with running([server]):
             seeds = [1, 2, None, 3]
             baseline = {s: answer(call(pool.baseline, body(s, 0), WORKER_KEY)) for s in seeds}
@@ -100,16 +110,23 @@ def main() -> int:
                     break
                 time.sleep(1)
             send("d2 back", 8)
+            # A conversation about image 5, then its follow-up once the first turn's
+            # blocks are in the proxy's index (the prefill's events arrive in a moment).
+            turns = [call(url, conversation(1), CLIENT_KEY)]
+            time.sleep(2)
+            turns.append(call(url, conversation(2), CLIENT_KEY))
             metrics = call(url, None, CLIENT_KEY, "/metrics")
             # Only the admin key adds a worker: an API client's key is refused (403).
             joining = {"role": "decode", "url": pool.urls["d2"]}
             refused = call(url, joining, CLIENT_KEY, "/admin/workers")["error"]
         lines = (pool.root / "fleet-proxy.log").read_text(errors="replace").splitlines()
         spread: collections.Counter[str] = collections.Counter()
+        prefills: list[str] = []
         for line in lines:
             _, _, tail = line.partition("pd_policy_vllm.http.requests: ")
             if tail.startswith("{"):
                 logged = json.loads(tail)
+                prefills.append(logged.get("prefill") or "")
                 for role in ("prefill", "decode"):
                     if logged.get(role):
                         spread[f"{role} {logged[role]}"] += 1
@@ -123,14 +140,22 @@ def main() -> int:
     for key, count in sorted(spread.items()):
         role, name = key.split(" ", 1)
         print(f"  {role:8} {names.get(name, name):3} {count}")
+    print("\nA conversation about image 5, routed by the prefills' KV events:")
+    landed = [names.get(p, p) for p in prefills[-2:]]
+    for turn, (reply, where) in enumerate(zip(turns, landed, strict=True), start=1):
+        details = reply.get("usage", {}).get("prompt_tokens_details") or {}
+        print(f"  turn {turn}: prefill {where}, {details.get('cached_tokens', 0)} prompt "
+              f"tokens already cached there")  # fmt: skip
     print(f"\nAn API client's POST /admin/workers: {refused} (only the admin key adds workers)")
     print("\n/metrics (excerpt):")
     for line in metrics.splitlines():
         if line.startswith(("pd_policy_requests_total", "pd_policy_worker_up",
-                            "pd_policy_ejections_total", "pd_policy_retries_total")):  # fmt: skip
+                            "pd_policy_ejections_total", "pd_policy_retries_total",
+                            "pd_policy_kv_routing_total", "pd_policy_kv_synced")):  # fmt: skip
             print("  " + line)
     wrong = sum(1 for r in rows if r[3] != "same" and not r[2].startswith("error"))
-    return 1 if wrong else 0
+    followed = landed[0] == landed[1] and all("error" not in reply for reply in turns)
+    return 1 if wrong or not followed else 0
 
 
 if __name__ == "__main__":

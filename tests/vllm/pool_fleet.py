@@ -5,10 +5,15 @@ consumers) of one model, over one transfer directory, each with an API key.
 A member restarts on its own port, as another kind if the test says so (a decode
 restarted with its vision encoder, say); the proxy in front must notice. Every process
 is stopped by process id when the block ends.
+
+With ``kv_events``, the prefills also publish their KV events and serve the render route
+as ``kv_fleet`` starts them (the proxy can then route by what each one caches), and every
+worker reports its cached prompt tokens.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -19,6 +24,7 @@ from urllib.parse import urlsplit
 
 import attrs
 from http_peers import _healthy, vllm_server
+from kv_fleet import kv_events_config
 from live_engines import connector
 from servers import START_TIMEOUT, Server, free_port, running, stop_all
 from tiny_models import TinyModel
@@ -41,6 +47,8 @@ class Pool:
     root: Path
     servers: dict[str, Server]
     urls: dict[str, str]
+    #: Each prefill's KV-event ports (publisher, replay), when the pool publishes them.
+    events: dict[str, tuple[int, int]] = attrs.field(factory=dict)
 
     @property
     def baseline(self) -> str:
@@ -50,10 +58,16 @@ class Pool:
     def _server(self, name: str, *, language_model_only: bool) -> Server:
         role = "kv_producer" if name.startswith("p") else "kv_consumer"
         port = urlsplit(self.urls[name]).port
+        extra: tuple[str, ...] = ("--api-key", WORKER_KEY)
+        if self.events:
+            extra += ("--enable-prompt-tokens-details",)
+        if name in self.events:
+            config = json.dumps(kv_events_config(*self.events[name]))
+            extra += ("--enable-scale-out", "--enable-prefix-caching",
+                      "--kv-events-config", config)  # fmt: skip
         server, _ = vllm_server(
             name, self.model, self.root, language_model_only=language_model_only,
-            kv_config=connector(role, self.root / "transfers"), port=port,
-            extra=("--api-key", WORKER_KEY),
+            kv_config=connector(role, self.root / "transfers"), port=port, extra=extra,
         )  # fmt: skip
         return server
 
@@ -73,11 +87,13 @@ class Pool:
 
 
 @contextmanager
-def pool_fleet(model: TinyModel, root: Path) -> Iterator[Pool]:
-    """Start the pool of ``model`` (logs and transfers under ``root``)."""
+def pool_fleet(model: TinyModel, root: Path, *, kv_events: bool = False) -> Iterator[Pool]:
+    """Start the pool of ``model`` (logs and transfers under ``root``); its prefills
+    publishing their KV events when ``kv_events``."""
     root.mkdir(parents=True, exist_ok=True)
     urls = {name: f"http://127.0.0.1:{free_port()}" for name in ("p1", "p2", "d1", "d2")}
-    pool = Pool(model, root, {}, urls)
+    events = {name: (free_port(), free_port()) for name in ("p1", "p2")} if kv_events else {}
+    pool = Pool(model, root, {}, urls, events)
     for name in urls:
         pool.servers[name] = pool._server(name, language_model_only=name.startswith("d"))
     try:

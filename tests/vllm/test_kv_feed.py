@@ -223,9 +223,7 @@ def test_without_a_replay_a_lost_batch_forgets_the_worker_until_it_is_told_again
     asyncio.run(run())
 
 
-def test_bytes_that_are_not_a_batch_cost_what_the_worker_was_known_to_hold() -> (
-    None
-):
+def test_bytes_that_are_not_a_batch_cost_what_the_worker_was_known_to_hold() -> None:
     spoiled = [
         lambda frames: [frames[0], frames[1], b"\x93\xff\x00"],  # not msgpack of a batch
         lambda frames: [frames[0], b"\x00\x01", frames[2]],  # a number of two bytes

@@ -4,7 +4,7 @@ adapters, under both hash algorithms a router can follow, and the event form of 
 
 Each item's identifier is a string object of its own, as a served worker holds the keys it
 decoded (the ``sha256`` algorithm hashes a pickle, which writes one object met twice as a
-reference). The live test (``http/test_http_kv_routing.py``) checks a real server's
+reference). The live test (``http/test_http_kv_routing_live.py``) checks a real server's
 events agree.
 """
 

@@ -1,0 +1,107 @@
+"""A ``vllm serve`` fleet whose prefills publish their KV events: what KV-event routing
+reads, for the live routing test and the live routing bench.
+
+Two full-vision prefills (KV producers) and one ``--language-model-only`` decode (KV
+consumer) of one model on the ``TransferConnector``, over one transfer directory, on
+127.0.0.1, stopped by process id. Each prefill:
+
+- serves vLLM's scale-out routes (``--enable-scale-out``): the proxy renders a chat
+  request on it to learn its expanded prompt;
+- caches prefixes (``--enable-prefix-caching``, blocks of ``BLOCK_SIZE``: 32 is a size
+  the CPU attention backend takes; its default is 128) with the default ``sha256``
+  block hashes, and publishes them on ZeroMQ (``--kv-events-config``: a PUB socket and
+  a replay socket bound on free ports);
+- reports ``usage.prompt_tokens_details.cached_tokens``
+  (``--enable-prompt-tokens-details``; the decode too, which then reports the
+  prefill's count: vLLM hands it over as ``remote_prefill_cached_tokens``).
+
+The workers run as every test server does (``servers.BASE_ENV``): their model in the
+engine core's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which ``vllm serve``
+still runs apart from its API server, so the requests reach the block hasher decoded
+from the wire, each media identifier a string of its own (see
+``pd_policy.kv_blocks``). Their ``PYTHONHASHSEED`` is this process's, if any
+(``hash_seed``): it seeds their block hashes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+from http_peers import http_json, vllm_server
+from live_engines import connector
+from servers import free_port, running
+from tiny_models import TinyModel
+
+__all__ = ["PREFILLS", "KvFleet", "hash_seed", "kv_events_config", "kv_fleet"]
+
+#: The prefills' names, in the order the fleet lists them.
+PREFILLS: Final = ("p1", "p2")
+_DETAILS: Final = ("--enable-prompt-tokens-details",)
+_NO_BLOCK: Final = {"model": "tiny", "prompt": "a", "max_tokens": 1}
+
+
+def kv_events_config(port: int, replay_port: int) -> dict[str, Any]:
+    """A worker's ``--kv-events-config``: ZeroMQ, bound on every interface at ``port``,
+    its replay socket at ``replay_port``, every topic."""
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{port}",
+        "replay_endpoint": f"tcp://*:{replay_port}",
+        "topic": "",
+    }
+
+
+def hash_seed() -> str | None:
+    """The ``PYTHONHASHSEED`` the workers inherit from this process (``None``: unset)."""
+    return os.environ.get("PYTHONHASHSEED")
+
+
+@attrs.frozen
+class KvFleet:
+    """The prefills' URLs by name (``p1``, ``p2``), the decode's, and where they log."""
+
+    prefills: dict[str, str]
+    decode: str
+    logs: Path
+
+    def reset_prefix_caches(self) -> None:
+        """Empty every worker's prefix cache (``POST /reset_prefix_cache``, a dev-mode
+        route), and have each prefill publish it (``AllBlocksCleared``). Raises
+        ``AssertionError`` for a worker that refuses (it still holds blocks: a request is
+        running)."""
+        for url in (*self.prefills.values(), self.decode):
+            status, answer = http_json(f"{url}/reset_prefix_cache", {})
+            assert status == 200 and answer == {"success": True}, (url, status, answer)
+        for url in self.prefills.values():
+            # vLLM publishes a step's events at the end of the step: the reset's event
+            # waits for the next one. A prompt shorter than a block runs one, caching nothing.
+            status, answer = http_json(f"{url}/v1/completions", _NO_BLOCK)
+            assert status == 200, answer
+
+
+@contextmanager
+def kv_fleet(model: TinyModel, root: Path) -> Iterator[KvFleet]:
+    """Start the fleet of ``model`` (logs and transfers under ``root``); stop it after."""
+    root.mkdir(parents=True, exist_ok=True)
+    transfers = root / "transfers"
+    servers, urls = [], {}
+    for name in PREFILLS:
+        events = kv_events_config(free_port(), free_port())
+        extra = ("--enable-scale-out", "--enable-prefix-caching", *_DETAILS,
+                 "--kv-events-config", json.dumps(events))  # fmt: skip
+        server, urls[name] = vllm_server(name, model, root, extra=extra,
+                                         kv_config=connector("kv_producer", transfers))  # fmt: skip
+        servers.append(server)
+    decode, decode_url = vllm_server(
+        "decode", model, root, language_model_only=True,
+        kv_config=connector("kv_consumer", transfers), extra=_DETAILS,
+    )  # fmt: skip
+    with running([*servers, decode]):
+        yield KvFleet(urls, decode_url, root)
