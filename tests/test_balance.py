@@ -12,6 +12,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from pd_policy import (
+    CACHE_SLACK,
     Balance,
     MalformedRequest,
     NoWorkerAvailable,
@@ -143,7 +144,7 @@ def test_the_holder_of_the_most_blocks_takes_it_within_the_bound(
     if not up:
         return
     cap = math.ceil(1.25 * (sum(w.outstanding for w in up) + 1) / len(up))
-    holders = [w for w in up if w.cached and w.outstanding + 1 <= cap]
+    holders = [w for w in up if w.cached and w.outstanding + 1 <= cap + CACHE_SLACK]
     chosen = choose(fleet, role="prefill", affinity=key, balance=balance, draws=draws)
     if len(up) == 1:
         assert chosen is up[0]
@@ -151,7 +152,7 @@ def test_the_holder_of_the_most_blocks_takes_it_within_the_bound(
     if holders:
         event("a holder within the bound")
         most = max(w.cached for w in holders)
-        assert chosen.cached == most and chosen.outstanding + 1 <= cap
+        assert chosen.cached == most and chosen.outstanding + 1 <= cap + CACHE_SLACK
         assert chosen.outstanding == min(w.outstanding for w in holders if w.cached == most)
         return
     if any(w.cached for w in up):
@@ -169,7 +170,7 @@ def test_a_hot_prefix_never_puts_its_holder_past_the_bound(
     workers: int, requests: int, bound: float
 ) -> None:
     # Every request's prefix is held by the first worker, and more of it by the second:
-    # they take what the bound allows, the rest spreads.
+    # they take what the bound allows (and the cache's slack), the rest spreads.
     load = Counter[int]()
     for placed in range(1, requests + 1):
         snapshots = [
@@ -177,7 +178,7 @@ def test_a_hot_prefix_never_puts_its_holder_past_the_bound(
             for i in range(workers)
         ]
         load[choose(snapshots, role="prefill", bound=bound).handle] += 1
-        assert max(load.values()) <= math.ceil(bound * placed / workers)
+        assert max(load.values()) <= math.ceil(bound * placed / workers) + CACHE_SLACK
     assert load[1] >= load[0] >= max((load[i] for i in range(2, workers)), default=0) - 1
 
 

@@ -17,7 +17,7 @@ protos) and ``pd_policy_vllm`` (a live vLLM engine, and vLLM's HTTP server).
 
 from __future__ import annotations
 
-from .balance import DEFAULT_BOUND, Balance, WorkerSnapshot, choose, rendezvous_order
+from .balance import CACHE_SLACK, DEFAULT_BOUND, Balance, WorkerSnapshot, choose, rendezvous_order
 from .batch import Modality, MultimodalBatch, PlaceholderRange
 from .capability import (
     EngineFacts,
@@ -148,6 +148,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ANONYMOUS",
+    "CACHE_SLACK",
     "CONNECTOR_MODES",
     "DEFAULT_BOOTSTRAP_PORT",
     "DEFAULT_BOUND",

@@ -11,9 +11,13 @@ The order of the rules is the contract:
    is a 503 that a client may retry, never an incompatible worker.
 3. **Cache, bounded by load.** When the router knows how many of the request's leading
    KV blocks each worker holds (its prefix cache, from the worker's KV events:
-   [`prefix_index`][pd_policy.prefix_index]), the worker that holds the most takes it,
-   among those whose load stays within ``bound`` times the fleet's mean: a prefix
-   computed once is not computed again, and one hot prefix cannot flood its worker.
+   [`prefix_index`][pd_policy.prefix_index]), the worker that holds the most takes it
+   (the least loaded of those, then each in turn), among those whose load stays within
+   the affinity's cap below plus ``CACHE_SLACK`` requests: a prefix computed once is not
+   computed again, and one hot prefix cannot flood its worker. The slack is what a cache
+   hit is worth: at a low load the cap is one request a worker, and a holder busy with
+   one request would lose every hit, where waiting for it costs less than computing the
+   prefix again (see ``docs/routing.md``).
 4. **Affinity, bounded by load.** A request with an affinity key (its media's
    identities: the prefill's prefix and encoder caches hold that media) goes to the
    first worker in the key's rendezvous order whose load stays within ``bound``
@@ -35,19 +39,28 @@ import enum
 import hashlib
 import math
 from collections.abc import Sequence
-from typing import Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import attrs
 
 from .errors import MalformedRequest, NoWorkerAvailable
 
-__all__ = ["DEFAULT_BOUND", "Balance", "WorkerSnapshot", "choose", "rendezvous_order"]
+__all__ = [
+    "CACHE_SLACK",
+    "DEFAULT_BOUND",
+    "Balance",
+    "WorkerSnapshot",
+    "choose",
+    "rendezvous_order",
+]
 
 T = TypeVar("T")
 
 #: The affinity bound's default: a worker takes its key's requests until it holds 25%
 #: more than the fleet's mean.
 DEFAULT_BOUND: Final = 1.25
+#: The requests past the load cap a worker holding a request's prefix may queue (rule 3).
+CACHE_SLACK: Final = 1
 
 
 class Balance(enum.Enum):
@@ -73,6 +86,11 @@ class WorkerSnapshot(Generic[T]):
     routable: bool = True
     outstanding: int = 0
     cached: int = 0
+
+
+def _hold_rank(worker: WorkerSnapshot[Any]) -> tuple[int, int]:
+    # The most blocks held first, then the least loaded.
+    return worker.cached, -worker.outstanding
 
 
 def _score(key: str, name: str) -> bytes:
@@ -106,8 +124,8 @@ def choose(
 
     ``role`` names the leg's kind in the error (``prefill``, ``decode``, ``encode``).
     ``draws`` are two random integers for ``Balance.TWO_CHOICES`` (any range: they are
-    taken modulo the routable count), ``turn`` the count of choices made for
-    ``Balance.ROUND_ROBIN``.
+    taken modulo the routable count), ``turn`` the count of choices made: it takes the
+    workers in turn for ``Balance.ROUND_ROBIN``, and among the cache's rule's ties.
 
     Raises [`NoWorkerAvailable`][pd_policy.errors.NoWorkerAvailable] (503, retryable)
     when no compatible worker is routable, and
@@ -121,9 +139,13 @@ def choose(
     if len(up) == 1:  # every rule below takes it: skip the hashing
         return up[0]
     cap = math.ceil(bound * (sum(w.outstanding for w in up) + 1) / len(up))
-    holders = [w for w in up if w.cached and w.outstanding + 1 <= cap]
+    holders = [w for w in up if w.cached and w.outstanding + 1 <= cap + CACHE_SLACK]
     if holders:
-        return max(holders, key=lambda w: (w.cached, -w.outstanding))
+        best = max(map(_hold_rank, holders))
+        # Ties in turn: every worker holds a shared system prompt alike, and the caller's
+        # order would send each such request to its first worker.
+        tied = [w for w in holders if _hold_rank(w) == best]
+        return tied[turn % len(tied)]
     if balance is Balance.ROUND_ROBIN:
         return up[turn % len(up)]
     if affinity is not None:
