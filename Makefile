@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo demo-live demo-http demo-epd demo-media demo-fleet demo-ray test lint typecheck pytest docs docs-tables bench vectors clean \
+.PHONY: demo demo-live demo-http demo-epd demo-media demo-fleet demo-ray test lint typecheck pytest docs docs-tables bench bench-routing vectors clean \
 	fuzz fuzz-policy fuzz-wire mutants
 
 $(VENV)/bin/python:
@@ -118,6 +118,14 @@ $(SMG_VENV)/.smg:
 # tiny model directory SMG reads its tokenizer from.
 bench: $(VENV)/.bench $(VENV)/.test $(SMG_VENV)/.smg
 	$(PY) bench/run.py
+
+# KV-event routing (issue #35): the proxy's --kv-routing beside round robin, its default
+# rules and SMG's cache_aware, first on stand-in prefills with bounded prefix caches and
+# vLLM's own KV-event publisher (about 5 min), then on live vLLM workers. Writes
+# bench/routing.json and the routing tables of docs/performance.md.
+bench-routing: $(VENV)/.bench $(VENV)/.test $(SMG_VENV)/.smg
+	$(PY) bench/routing.py
+	$(PY) bench/routing_live.py
 
 # The properties marked `fuzz` (totality, no mutation, no leak, wire and byte-reader robustness)
 # at 100,000 examples each (FUZZ_EXAMPLES=... for another count), on both cores: about 35 minutes.
