@@ -550,6 +550,110 @@ MUTANTS: Final = (
         "        if True:",
         _HOSTILE,
     ),
+    Mutant(
+        "the cache rule ignores the load bound: one hot prefix floods its holder",
+        "pd_policy/balance.py",
+        "    holders = [w for w in up if w.cached and w.outstanding + 1 <= cap + CACHE_SLACK]",
+        "    holders = [w for w in up if w.cached]",
+        ("tests/test_balance.py",),
+    ),
+    Mutant(
+        "the cache rule prefers the busier of two equal holders",
+        "pd_policy/balance.py",
+        "    return worker.cached, -worker.outstanding",
+        "    return worker.cached, worker.outstanding",
+        ("tests/test_balance.py",),
+    ),
+    Mutant(
+        "the salt keys every block, not the first",
+        "pd_policy/kv_blocks.py",
+        "            if start == 0 and cache_salt:",
+        "            if cache_salt:",
+        ("tests/vllm/test_kv_hashes.py",),
+    ),
+    Mutant(
+        "a media item's offset is taken from the prompt's start, not the block's",
+        "pd_policy/kv_blocks.py",
+        '                keys.append(("mm", _fresh(spans[at].identifier),'
+        " spans[at].offset - start))",
+        '                keys.append(("mm", _fresh(spans[at].identifier), spans[at].offset))',
+        ("tests/vllm/test_kv_hashes.py",),
+    ),
+    Mutant(
+        "an item that ends on a block's first token is left out of that block",
+        "pd_policy/kv_blocks.py",
+        "            while item < len(spans) and spans[item].offset + spans[item].length <= start:",
+        "            while item < len(spans) and spans[item].offset + spans[item].length"
+        " <= start + 1:",
+        ("tests/vllm/test_kv_hashes.py",),
+    ),
+    Mutant(
+        "the keys share one identifier object, as no served worker's do",
+        "pd_policy/kv_blocks.py",
+        '                keys.append(("mm", _fresh(spans[at].identifier),'
+        " spans[at].offset - start))",
+        '                keys.append(("mm", spans[at].identifier, spans[at].offset - start))',
+        ("tests/vllm/test_kv_hashes.py",),
+    ),
+    Mutant(
+        "a lost batch goes unnoticed: the index counts blocks it may not have",
+        "pd_policy/prefix_index.py",
+        "        if last is not None and seq > last + 1:",
+        "        if False:",
+        ("tests/test_prefix_index.py",),
+    ),
+    Mutant(
+        "a restarted worker keeps the blocks its old engine held",
+        "pd_policy/prefix_index.py",
+        "                state.blocks.clear()\n                self._apply(state, seq, events)",
+        "                self._apply(state, seq, events)",
+        ("tests/test_prefix_index.py",),
+    ),
+    Mutant(
+        "the proxy looks a request up and places it blind",
+        "pd_policy_vllm/http/fleet/routing.py",
+        "            cached=self.cached,",
+        "            cached=None,",
+        ("tests/http/test_http_kv_routing.py",),
+    ),
+    Mutant(
+        "a lookup renders a body whose remote media the proxy has not yet decided on",
+        "pd_policy_vllm/http/fleet/kv_routing.py",
+        "            part.source in _UNREAD for part in media_parts(placer.body, media.rules)",
+        "            False for part in media_parts(placer.body, media.rules)",
+        ("tests/http/test_http_kv_routing.py",),
+    ),
+    Mutant(
+        "a lookup renders a request the policy refuses",
+        "pd_policy_vllm/http/fleet/kv_routing.py",
+        "            request = placer.request  # the policy's refusals come first,"
+        " before any worker\n"
+        "            if request.n > 1:\n"
+        "                return None  # no prefill runs\n",
+        "",
+        ("tests/http/test_http_kv_routing.py",),
+    ),
+    Mutant(
+        "FleetPd names a request's blocks without its salt",
+        "pd_policy_grpc/kv_routing.py",
+        "cache_salt=prompt.cache_salt",
+        "cache_salt=None",
+        ("tests/grpc/test_grpc_kv_routing.py",),
+    ),
+    Mutant(
+        "FleetPd takes a batch with placeholders for one with its payload",
+        "pd_policy_grpc/blocks.py",
+        "if _has_payload(batch)",
+        "if batch.mm_placeholders",
+        ("tests/grpc/test_grpc_kv_routing.py",),
+    ),
+    Mutant(
+        "a live batch the replay already applied is applied again as a restart",
+        "pd_policy_vllm/kv_events/feed.py",
+        "            if seq <= self._replayed_to:",
+        "            if False:",
+        ("tests/vllm/test_kv_feed.py",),
+    ),
 )
 
 
