@@ -10,8 +10,8 @@ Two oracles, computed from the trace's blocks and the stand-in workers' own cach
 - **perfect-knowledge greedy**: the fleet simulated (each prefill serves one request at a
   time, ``base + per_token x`` its uncached tokens), each request sent to the prefill
   whose cache holds the most of it at its arrival (known exactly, no lag), within the
-  load bound the proxy applies (at most ``ceil(1.25 x mean outstanding)`` and the cache's
-  slack of one request, ``CACHE_SLACK``), else to the
+  load bound the proxy applies (at most ``ceil(1.25 x mean outstanding)``, or one request
+  queued behind the one it serves, ``CACHE_SLACK``), else to the
   least outstanding: what the KV router would do with perfect information. Reported
   beside the other, informative.
 
@@ -116,10 +116,8 @@ def simulate(
             return i % prefills
         prompt, chain = items[i]
         held = [c.hits(chain, _limit(prompt, cost.block_size)) for c in caches]
-        cap = math.ceil(bound * (sum(outstanding) + 1) / prefills)
-        holders = [
-            w for w in range(prefills) if held[w] and outstanding[w] + 1 <= cap + CACHE_SLACK
-        ]
+        cap = max(math.ceil(bound * (sum(outstanding) + 1) / prefills), 1 + CACHE_SLACK)
+        holders = [w for w in range(prefills) if held[w] and outstanding[w] + 1 <= cap]
         if holders:  # the proxy's rule: the most held, the least loaded, ties in turn
             best = max((held[w], -outstanding[w]) for w in holders)
             tied = [w for w in holders if (held[w], -outstanding[w]) == best]

@@ -553,7 +553,7 @@ MUTANTS: Final = (
     Mutant(
         "the cache rule ignores the load bound: one hot prefix floods its holder",
         "pd_policy/balance.py",
-        "    holders = [w for w in up if w.cached and w.outstanding + 1 <= cap + CACHE_SLACK]",
+        "    holders = [w for w in up if w.cached and w.outstanding + 1 <= held_cap]",
         "    holders = [w for w in up if w.cached]",
         ("tests/test_balance.py",),
     ),

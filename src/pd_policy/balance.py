@@ -13,11 +13,11 @@ The order of the rules is the contract:
    KV blocks each worker holds (its prefix cache, from the worker's KV events:
    [`prefix_index`][pd_policy.prefix_index]), the worker that holds the most takes it
    (the least loaded of those, then each in turn), among those whose load stays within
-   the affinity's cap below plus ``CACHE_SLACK`` requests: a prefix computed once is not
-   computed again, and one hot prefix cannot flood its worker. The slack is what a cache
-   hit is worth: at a low load the cap is one request a worker, and a holder busy with
-   one request would lose every hit, where waiting for it costs less than computing the
-   prefix again (see ``docs/routing.md``).
+   the affinity's cap below, or that have fewer than ``1 + CACHE_SLACK`` requests: a
+   prefix computed once is not computed again, and one hot prefix cannot flood its
+   worker. The slack is what a cache hit is worth: at a low load the cap is one request
+   a worker, and a holder busy with one request would lose every hit, where waiting for
+   it costs less than computing the prefix again (see ``docs/routing.md``).
 4. **Affinity, bounded by load.** A request with an affinity key (its media's
    identities: the prefill's prefix and encoder caches hold that media) goes to the
    first worker in the key's rendezvous order whose load stays within ``bound``
@@ -59,7 +59,8 @@ T = TypeVar("T")
 #: The affinity bound's default: a worker takes its key's requests until it holds 25%
 #: more than the fleet's mean.
 DEFAULT_BOUND: Final = 1.25
-#: The requests past the load cap a worker holding a request's prefix may queue (rule 3).
+#: The requests a worker holding a request's prefix may queue behind the one it serves,
+#: whatever the load cap (rule 3).
 CACHE_SLACK: Final = 1
 
 
@@ -139,7 +140,8 @@ def choose(
     if len(up) == 1:  # every rule below takes it: skip the hashing
         return up[0]
     cap = math.ceil(bound * (sum(w.outstanding for w in up) + 1) / len(up))
-    holders = [w for w in up if w.cached and w.outstanding + 1 <= cap + CACHE_SLACK]
+    held_cap = max(cap, 1 + CACHE_SLACK)
+    holders = [w for w in up if w.cached and w.outstanding + 1 <= held_cap]
     if holders:
         best = max(map(_hold_rank, holders))
         # Ties in turn: every worker holds a shared system prompt alike, and the caller's
