@@ -31,7 +31,6 @@ to turn the routing on.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import logging
@@ -49,7 +48,7 @@ from pd_policy_grpc.wire import pb
 
 try:
     from pd_policy_vllm.kv_events.feed import FeedStats
-    from pd_policy_vllm.kv_events.feeds import Feeds
+    from pd_policy_vllm.kv_events.feeds import Feeds, following
     from pd_policy_vllm.kv_events.source import KvSource
 except ModuleNotFoundError as exc:
     raise ModuleNotFoundError(
@@ -178,21 +177,11 @@ class KvRouting:
         """Feed the index from ``roster``'s prefills for the duration of the block,
         following its changes every ``interval`` seconds; ``on_batch`` is called after
         each batch a feed applies."""
-        feeds = self.feeds = Feeds(self.index, timeout=self.timeout, on_batch=on_batch)
-
-        async def follow() -> None:
-            while True:
-                feeds.reconcile(self._sources(roster))
-                await asyncio.sleep(interval)
-
-        task = asyncio.create_task(follow())
+        self.feeds = Feeds(self.index, timeout=self.timeout, on_batch=on_batch)
         try:
-            yield
+            async with following(self.feeds, lambda: self._sources(roster), interval):
+                yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await feeds.close()
             self.feeds = None
 
     def _hasher(self, block_size: int, algo: HashAlgo) -> BlockHasher:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import zmq.asyncio
 
@@ -21,7 +21,7 @@ from pd_policy.prefix_index import PrefixIndex
 from .feed import FeedStats, KvFeed
 from .source import KvSource
 
-__all__ = ["Feeds"]
+__all__ = ["Feeds", "following"]
 
 _log = logging.getLogger(__name__)
 
@@ -97,3 +97,25 @@ class Feeds:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.context.term()
+
+
+@contextlib.asynccontextmanager
+async def following(
+    feeds: Feeds, sources: Callable[[], Mapping[str, KvSource]], interval: float = 1.0
+) -> AsyncIterator[Feeds]:
+    """Run ``feeds`` for the duration of the block, reconciled with what ``sources`` says
+    every ``interval`` seconds (a fleet's members change); closed after."""
+
+    async def follow() -> None:
+        while True:
+            feeds.reconcile(sources())
+            await asyncio.sleep(interval)
+
+    task = asyncio.create_task(follow())
+    try:
+        yield feeds
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await feeds.close()

@@ -35,7 +35,8 @@ from pd_policy_vllm.http.fleet.members import Fleet, Member
 from pd_policy_vllm.http.fleet.routing import HttpPlacer
 from pd_policy_vllm.http.upstream import Upstream
 from pd_policy_vllm.kv_events.feed import FeedStats
-from pd_policy_vllm.kv_events.feeds import Feeds
+from pd_policy_vllm.kv_events.feeds import Feeds, following
+from pd_policy_vllm.kv_events.source import KvSource
 from pd_policy_vllm.openai.media.parts import media_parts
 from pd_policy_vllm.openai.plan.prefix import RENDERS, Prompt, prompt_of_body, prompt_of_render
 from pd_policy_vllm.openai.plan.request import Route
@@ -84,27 +85,16 @@ class KvRouting:
     ) -> AsyncIterator[None]:
         """Feed the index from ``fleet``'s prefills for the duration of the block,
         following the fleet's changes every ``interval`` seconds."""
-        feeds = self.feeds = Feeds(self.index, timeout=self.timeout, on_batch=on_batch)
+        self.feeds = Feeds(self.index, timeout=self.timeout, on_batch=on_batch)
 
-        async def follow() -> None:
-            while True:
-                feeds.reconcile(
-                    {
-                        m.name: m.worker.kv_events
-                        for m in fleet.of("prefill")
-                        if m.worker.kv_events is not None
-                    }
-                )
-                await asyncio.sleep(interval)
+        def sources() -> dict[str, KvSource]:
+            prefills = fleet.of("prefill")
+            return {m.name: m.worker.kv_events for m in prefills if m.worker.kv_events}
 
-        task = asyncio.create_task(follow())
         try:
-            yield
+            async with following(self.feeds, sources, interval):
+                yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await feeds.close()
             self.feeds = None
 
     def stats(self) -> dict[str, FeedStats]:
