@@ -28,6 +28,7 @@ stdlib and attrs.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import pickle
 from collections.abc import Sequence
@@ -37,7 +38,14 @@ import attrs
 
 from .errors import InvalidConfiguration, MalformedRequest
 
-__all__ = ["DEFAULT_NONE_HASH_SEED", "BlockHasher", "HashAlgo", "MmSpan", "external_hash"]
+__all__ = [
+    "DEFAULT_NONE_HASH_SEED",
+    "BlockHasher",
+    "HashAlgo",
+    "MmSpan",
+    "block_hasher",
+    "external_hash",
+]
 
 #: vLLM's seed of ``NONE_HASH`` for the cryptographic algorithms, without PYTHONHASHSEED.
 DEFAULT_NONE_HASH_SEED: Final = "vllm-none-hash"
@@ -180,3 +188,13 @@ class BlockHasher:
             parent = self._hash((parent, block, tuple(keys) if keys else None))
             out.append(parent)
         return out
+
+
+@functools.lru_cache(maxsize=64)
+def block_hasher(
+    block_size: int, algo: HashAlgo = HashAlgo.SHA256, seed: str | None = None
+) -> BlockHasher:
+    """The [`BlockHasher`][pd_policy.kv_blocks.BlockHasher] of workers set so, made once
+    (its ``NONE_HASH`` is a hash): a router asks for it on every request. Raises as the
+    constructor does."""
+    return BlockHasher(block_size, algo, seed)

@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 
 from pd_policy import Health, InvalidConfiguration, PolicyError, Roster
-from pd_policy.kv_blocks import BlockHasher, HashAlgo, external_hash
+from pd_policy.kv_blocks import HashAlgo, block_hasher, external_hash
 from pd_policy.prefix_index import PrefixIndex
 from pd_policy_grpc.blocks import block_prompt
 from pd_policy_grpc.fleet import GrpcWorker, Member
@@ -134,7 +134,6 @@ class KvRouting:
         self.unfed: dict[str, str] = {}
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.blocks: collections.Counter[str] = collections.Counter()
-        self._hashers: dict[tuple[int, HashAlgo], BlockHasher] = {}
 
     def source(self, member: Member) -> tuple[KvSource | None, str]:
         """The KV events of prefill ``member``, and why not when ``None`` (the reason is
@@ -184,13 +183,6 @@ class KvRouting:
         finally:
             self.feeds = None
 
-    def _hasher(self, block_size: int, algo: HashAlgo) -> BlockHasher:
-        key = (block_size, algo)
-        hasher = self._hashers.get(key)
-        if hasher is None:
-            hasher = self._hashers[key] = BlockHasher(block_size, algo, self.seed)
-        return hasher
-
     def lookup(self, roster: Roster[GrpcWorker], request: pb.GenerateRequest) -> Lookup | None:
         """How many leading blocks of ``request`` (a checked message, or a bytes router's
         skeleton) each of ``roster``'s fed prefills in sync holds; ``None`` when it
@@ -214,7 +206,7 @@ class KvRouting:
                 key = (sources[name].block_size, sources[name].algo)
                 chain = chains.get(key)
                 if chain is None:
-                    hashes = self._hasher(*key).hashes(
+                    hashes = block_hasher(*key, self.seed).hashes(
                         prompt.token_ids, prompt.items, cache_salt=prompt.cache_salt
                     )
                     chain = chains[key] = [external_hash(h) for h in hashes]

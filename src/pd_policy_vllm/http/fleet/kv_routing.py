@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 
 from pd_policy import MediaSource, PolicyError, routable
-from pd_policy.kv_blocks import BlockHasher, HashAlgo, external_hash
+from pd_policy.kv_blocks import HashAlgo, block_hasher, external_hash
 from pd_policy.prefix_index import PrefixIndex
 from pd_policy_vllm.http.calls import post_json
 from pd_policy_vllm.http.fleet.members import Fleet, Member
@@ -69,15 +69,7 @@ class KvRouting:
     ) -> None:
         self.seed, self.timeout = seed, timeout
         self.index = PrefixIndex(max_blocks=max_blocks)
-        self._hashers: dict[tuple[int, HashAlgo], BlockHasher] = {}
         self.feeds: Feeds | None = None
-
-    def _hasher(self, block_size: int, algo: HashAlgo) -> BlockHasher:
-        key = (block_size, algo)
-        hasher = self._hashers.get(key)
-        if hasher is None:
-            hasher = self._hashers[key] = BlockHasher(block_size, algo, self.seed)
-        return hasher
 
     @contextlib.asynccontextmanager
     async def running(
@@ -175,7 +167,7 @@ class KvRouting:
             key = (source.block_size, source.algo)
             chain = chains.get(key)
             if chain is None:
-                hashes = self._hasher(*key).hashes(
+                hashes = block_hasher(*key, self.seed).hashes(
                     prompt.token_ids, prompt.items, cache_salt=prompt.cache_salt
                 )
                 chain = chains[key] = [external_hash(h) for h in hashes]
