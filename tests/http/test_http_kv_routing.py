@@ -246,10 +246,12 @@ def test_one_render_a_request_and_a_prefill_out_of_sync_counts_for_nothing() -> 
             # nothing until it is consistent again.
             routing.index.feed(_name(r, p0), 10**9, [])
             assert not routing.index.synced(_name(r, p0))
+            # Read before the next request: its own batch, the one after p0's last, would
+            # bring p0 back in sync.
+            assert await r.metric("pd_policy_kv_synced", worker=_name(r, p0)) == 0
             before = await r.metric("pd_policy_kv_routing_total", outcome="fallback")
             await r.post(chat("describe it", "turn 0", image=PNG_X))
             assert await r.metric("pd_policy_kv_routing_total", outcome="fallback") >= before
-            assert await r.metric("pd_policy_kv_synced", worker=_name(r, p0)) == 0
 
     run(main)
 
