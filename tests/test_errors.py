@@ -58,6 +58,9 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
         "pd_body_too_large",
         "pd_client_timeout",
         "pd_request_timeout",
+        "pd_router_owned_field",
+        "pd_too_many_media_items",
+        "pd_overloaded",
     }
     # An admin route refused is refused for every caller without an admin key, anonymous or not.
     assert ERROR_CATALOG["pd_forbidden"].status == 403

@@ -1,18 +1,16 @@
 """pd-policy: how a multimodal LLM request is split between prefill and decode workers.
 
 In prefill/decode disaggregated serving, decode workers often run vLLM with
-``--language-model-only``: no vision encoder, encoder-cache budget 0. This
-package decides what the decode leg of a request may carry for a given decode
-worker, builds that leg, folds media identity into the decode ``cache_salt``,
-checks the KV handoff after prefill, and refuses the pairings that cannot work
-with clear, typed, non-retryable errors.
+``--language-model-only`` (no vision encoder, encoder-cache budget 0). This package
+decides what the decode leg of a request may carry for a decode worker, builds that leg,
+folds media identity into the decode ``cache_salt``, checks the KV handoff after
+prefill, and refuses the pairings that cannot work with typed, non-retryable errors.
 
-The core is pure (no I/O) and depends on the standard library and ``attrs``
-only, so it can be vendored as one folder. The tools that explain and check
-the policy (the ``pd-policy`` CLI, the scenarios, the conformance vectors, the
-docs tables) live in ``pd_policy.tools``, which a gateway that vendors the
-policy alone drops. Adapters live in ``pd_policy_grpc`` (SMG vLLM engine
-protos) and ``pd_policy_vllm`` (a live vLLM engine, and vLLM's HTTP server).
+The core is pure (no I/O) on the standard library and ``attrs`` only, so it can be
+vendored as one folder. The tools that explain and check the policy (the CLI, the
+scenarios, the conformance vectors, the docs tables) live in ``pd_policy.tools``, which
+a gateway that vendors the policy drops. Adapters: ``pd_policy_grpc`` (SMG's vLLM
+engine protos), ``pd_policy_vllm`` (a live vLLM engine, vLLM's HTTP server).
 """
 
 from __future__ import annotations
@@ -28,7 +26,14 @@ from .capability import (
     derive_supports_vision,
 )
 from .catalog import ERROR_CATALOG, CatalogEntry
-from .client_errors import BodyTooLarge, ClientTooSlow, RequestTimedOut
+from .client_errors import (
+    BodyTooLarge,
+    ClientTooSlow,
+    Overloaded,
+    RequestTimedOut,
+    RouterOwnedField,
+    TooManyMediaItems,
+)
 from .codec import request_from_json, request_to_json, worker_from_json, worker_to_json
 from .connectors import (
     CONNECTOR_MODES,
@@ -121,6 +126,7 @@ from .probing import Prober, ProbeTimes
 from .request import LegacyKvParams, MediaRef, Request
 from .roster import ROLES, Roster
 from .roster import Member as RosterMember
+from .router_fields import ROUTER_FIELDS, OnClient, RouterField, check_client_fields
 from .salt import (
     SALT_FOLD_PREFIX,
     SALT_FOLD_VERSION,
@@ -165,6 +171,7 @@ __all__ = [
     "NIXL_PREFILL_PARAMS",
     "REQUIRED_KV_FIELDS",
     "ROLES",
+    "ROUTER_FIELDS",
     "SALT_FOLD_PREFIX",
     "SALT_FOLD_VERSION",
     "SCOPED_UUID_PREFIX",
@@ -212,6 +219,8 @@ __all__ = [
     "NSamplesOnLanguageModelOnlyDecode",
     "NoDecodeWorkerAvailable",
     "NoWorkerAvailable",
+    "OnClient",
+    "Overloaded",
     "PayloadLocation",
     "Phase",
     "PlaceholderRange",
@@ -225,9 +234,12 @@ __all__ = [
     "RequestTimedOut",
     "Roster",
     "RosterMember",
+    "RouterField",
+    "RouterOwnedField",
     "Support",
     "Tenant",
     "TensorDescriptor",
+    "TooManyMediaItems",
     "Unauthorized",
     "VisionSupport",
     "WorkerCapability",
@@ -237,6 +249,7 @@ __all__ = [
     "advertise_media_processor",
     "apply_kv_handoff",
     "build_decode_leg",
+    "check_client_fields",
     "check_kv_handoff",
     "check_media_url",
     "choose",

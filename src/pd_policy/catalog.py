@@ -10,7 +10,14 @@ from typing import Final
 
 import attrs
 
-from .client_errors import BodyTooLarge, ClientTooSlow, RequestTimedOut
+from .client_errors import (
+    BodyTooLarge,
+    ClientTooSlow,
+    Overloaded,
+    RequestTimedOut,
+    RouterOwnedField,
+    TooManyMediaItems,
+)
 from .errors import (
     Forbidden,
     InvalidConfiguration,
@@ -56,8 +63,11 @@ _POLICY_ERRORS: Final = (
     MediaFetchFailed,
     MediaUnreachable,
     MalformedRequest,
+    RouterOwnedField,
+    TooManyMediaItems,
     BodyTooLarge,
     ClientTooSlow,
+    Overloaded,
     RequestTimedOut,
     NoDecodeWorkerAvailable,
     Unauthorized,

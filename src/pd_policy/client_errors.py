@@ -1,15 +1,24 @@
-"""The limits on a client's request: a body past the size cap and a client too slow to send
-its request, refused at the front door, and a request that outlives its deadline.
+"""What a client may not send or do, refused at the front door: a body past the size cap, a
+client too slow to send its request, a field only the router may set, more media items
+than the router plans for one request, and a connection past the router's cap; and a
+request that outlives its deadline.
 
-The first two are decided before the request is read as JSON, so no worker is ever called.
-None names more of the request than its limit: the body is never echoed.
+Each is decided before any worker is called. None names more of the request than its
+limit or its field: the body is never echoed.
 """
 
 from __future__ import annotations
 
 from .errors import PolicyError
 
-__all__ = ["BodyTooLarge", "ClientTooSlow", "RequestTimedOut"]
+__all__ = [
+    "BodyTooLarge",
+    "ClientTooSlow",
+    "Overloaded",
+    "RequestTimedOut",
+    "RouterOwnedField",
+    "TooManyMediaItems",
+]
 
 
 class BodyTooLarge(PolicyError):
@@ -36,6 +45,51 @@ class ClientTooSlow(PolicyError):
         "and closes the connection; no worker is called."
     )
     default_message = "the request body did not arrive in time"
+
+
+class RouterOwnedField(PolicyError):
+    """The request sets a field only the router may set
+    ([`ROUTER_FIELDS`][pd_policy.router_fields.ROUTER_FIELDS]); ``param`` names it."""
+
+    code = "pd_router_owned_field"
+    status = 400
+    meaning = (
+        "The request sets a field only the router may set: the KV handoff "
+        "(kv_transfer_params), the encoder cache's handoff (ec_transfer_params), or those "
+        "keys, or kv_cache_report_mode, inside vllm_xargs. A worker that took one from a "
+        "client would connect where the client says and read the blocks it names. Refused "
+        "on every route and decode form before any worker is called; never forwarded."
+    )
+    default_message = "the request sets a field only the router may set"
+
+
+class TooManyMediaItems(PolicyError):
+    """The request holds more media items than the router plans for one request."""
+
+    code = "pd_too_many_media_items"
+    status = 400
+    meaning = (
+        "The request holds more media items (images, videos, audio clips) than the router "
+        "plans, names and places for one request (its --max-media-items): each costs the "
+        "router work that one request must not be able to multiply without bound. Refused "
+        "before any item is hashed or fetched, and before any worker is called."
+    )
+    default_message = "the request holds more media items than the router takes"
+
+
+class Overloaded(PolicyError):
+    """The router holds as many client connections as it takes."""
+
+    code = "pd_overloaded"
+    status = 503
+    meaning = (
+        "The router already holds as many client connections as it takes "
+        "(--max-client-connections): the new connection is answered with this and closed, "
+        "before its request is read. The connections already held are not affected; another "
+        "replica, or the same one a moment later, may take it."
+    )
+    default_message = "the router holds as many connections as it takes: try again later"
+    may_retry = True
 
 
 class RequestTimedOut(PolicyError):
