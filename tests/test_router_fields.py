@@ -62,7 +62,8 @@ def test_the_extension_args_own_keys_are_the_routers_and_the_rest_the_clients() 
 
 
 def test_a_body_that_is_not_an_object_holds_none() -> None:
-    for body in ([], "kv_transfer_params", None, 3):
+    bodies: list[object] = [[], "kv_transfer_params", None, 3]
+    for body in bodies:
         assert router_fields_in(body) == ()
 
 
