@@ -683,19 +683,23 @@ def run(mutant: Mutant, scratch: Path) -> tuple[bool, float]:
     return tests.returncode != 0, time.monotonic() - started
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    """Run every mutant, or (``-k TEXT``) those whose name holds ``TEXT``."""
+    chosen = MUTANTS
+    if argv[:1] == ["-k"] and len(argv) == 2:
+        chosen = tuple(m for m in MUTANTS if argv[1] in m.name)
     survivors = []
     with tempfile.TemporaryDirectory(prefix="pd-mutants-") as scratch:
-        for mutant in MUTANTS:
+        for mutant in chosen:
             killed, seconds = run(mutant, Path(scratch))
             print(
                 f"{'killed ' if killed else 'SURVIVED'} {seconds:5.1f}s  {mutant.name}", flush=True
             )
             if not killed:
                 survivors.append(mutant.name)
-    print(f"{len(MUTANTS) - len(survivors)} of {len(MUTANTS)} mutants killed")
+    print(f"{len(chosen) - len(survivors)} of {len(chosen)} mutants killed")
     return 1 if survivors else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
