@@ -685,7 +685,7 @@ def run(mutant: Mutant, scratch: Path) -> tuple[bool, float]:
 
 def main(argv: list[str]) -> int:
     """Run every mutant, or (``-k TEXT``) those whose name holds ``TEXT``."""
-    chosen = MUTANTS
+    chosen: tuple[Mutant, ...] = MUTANTS
     if argv[:1] == ["-k"] and len(argv) == 2:
         chosen = tuple(m for m in MUTANTS if argv[1] in m.name)
     survivors = []
