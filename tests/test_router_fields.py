@@ -13,8 +13,10 @@ from pd_policy import (
     ROUTER_FIELDS,
     OnClient,
     RouterOwnedField,
+    TooManyMediaItems,
     check_client_fields,
 )
+from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS, check_media_items
 from pd_policy.router_fields import router_fields_in, without_dropped
 
 _VALUES = st.one_of(
@@ -99,3 +101,11 @@ def _with_all(base: dict[str, Any], fields: list[Any], value: Any) -> dict[str, 
     for field in fields:
         base = _with(base, field.path, value)
     return base
+
+
+def test_a_request_holds_at_most_the_cap_of_media_items() -> None:
+    check_media_items(DEFAULT_MAX_MEDIA_ITEMS)
+    check_media_items(3, limit=3)
+    with pytest.raises(TooManyMediaItems) as caught:
+        check_media_items(4, limit=3)
+    assert caught.value.status == 400 and caught.value.code == "pd_too_many_media_items"
