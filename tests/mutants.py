@@ -36,7 +36,36 @@ _HOSTILE: Final = (
     "tests/http/test_http_upstream_hostile.py",
     "tests/http/test_http_hostile_worker.py",
 )
+_ROUTER_FIELDS: Final = ("tests/http/test_http_router_fields.py",)
 MUTANTS: Final = (
+    Mutant(
+        "the front door forwards a client's router-owned fields",
+        "pd_policy_vllm/http/front_door.py",
+        "    dropped = check_client_fields(body)\n",
+        "    dropped = ()\n",
+        _ROUTER_FIELDS,
+    ),
+    Mutant(
+        "the core lets a client's extension arguments carry the handoff",
+        "pd_policy/router_fields.py",
+        '        ("vllm_xargs", "kv_transfer_params"),\n        OnClient.REFUSE,',
+        '        ("vllm_xargs", "kv_transfer_params"),\n        OnClient.DROP,',
+        ("tests/test_router_fields.py", *_ROUTER_FIELDS),
+    ),
+    Mutant(
+        "a prefill leg spliced from the client's bytes keeps the client's request_id",
+        "pd_policy_vllm/openai/plan/legs.py",
+        'drop = {"stream_options", "min_tokens", *_DROPPED}',
+        'drop = {"stream_options", "min_tokens"}',
+        _ROUTER_FIELDS,
+    ),
+    Mutant(
+        "the workers see the client's X-Request-Id",
+        "pd_policy_vllm/http/proxy.py",
+        "        request_id = uuid.uuid4().hex\n",
+        "        request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex\n",
+        _ROUTER_FIELDS,
+    ),
     Mutant(
         "the exchange retries after the client has seen a byte",
         "pd_policy/exchange.py",

@@ -155,4 +155,5 @@ class Driver:
                 finish.outcome,
                 attempts,
                 attempt.arrived,
+                incoming.client_id,
             )

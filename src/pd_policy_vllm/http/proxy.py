@@ -237,7 +237,11 @@ class Proxy:
         """Serve one client request on ``route``; ``served_as`` is the client's route when
         it is another API that is planned as ``route`` (the Responses API, as chat)."""
         arrived = time.monotonic()
-        request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        # The workers see the proxy's own id, unique per request: two clients that choose
+        # one id must not collide on an engine. The client's is logged and echoed back.
+        request_id = uuid.uuid4().hex
+        client_id = request.headers.get(REQUEST_ID_HEADER)
+        echo = client_id if client_id is not None else request_id
         keys = self.keys
         try:
             if not keys.admits(request.headers.get("Authorization")):
@@ -250,11 +254,17 @@ class Proxy:
                 self.client_uuids,
                 keyed=bool(keys.clients),
                 served_as=served_as,
+                client_id=client_id,
             )
         except PolicyError as exc:
             # Refused at the door, before any plan: logged, not counted by form.
             if self.log_requests:
                 path = served_as or route.value
-                log_request(request_id, path, None, None, exc.status, exc.code, 1, arrived)
-            return await refusal(request, exc)
-        return await request.app[_DRIVER].run(request, incoming, arrived)
+                log_request(
+                    request_id, path, None, None, exc.status, exc.code, 1, arrived, client_id
+                )
+            return await refusal(request, exc, {REQUEST_ID_HEADER: echo})
+        response = await request.app[_DRIVER].run(request, incoming, arrived)
+        if not response.prepared:  # a stream's went out with its head (DecodeRelay)
+            response.headers[REQUEST_ID_HEADER] = echo
+        return response

@@ -18,7 +18,13 @@ from typing import Final
 
 from pd_policy import PolicyError, WorkerStreamError
 from pd_policy_vllm.http.aio import aiohttp, web
-from pd_policy_vllm.http.calls import failed_leg, parsed, post_json, worker_error
+from pd_policy_vllm.http.calls import (
+    REQUEST_ID_HEADER,
+    failed_leg,
+    parsed,
+    post_json,
+    worker_error,
+)
 from pd_policy_vllm.http.upstream import Response, Upstream, UpstreamTimeout
 from pd_policy_vllm.openai.plan.legs import Leg
 from pd_policy_vllm.openai.plan.scale_out import Derender
@@ -73,11 +79,15 @@ class DecodeRelay:
 
     ``first_byte`` is called as the status line goes out (a streamed answer): from then on
     a failure can only end the stream. A whole answer goes out when the handler returns it,
-    with nothing left to fail.
+    with nothing left to fail. A stream's head carries ``request_id`` (the id the client's
+    answer echoes).
     """
 
-    def __init__(self, request: web.Request, first_byte: Callable[[], object]) -> None:
+    def __init__(
+        self, request: web.Request, first_byte: Callable[[], object], request_id: str
+    ) -> None:
         self._request, self._first_byte = request, first_byte
+        self._request_id = request_id
         self.response: web.StreamResponse | None = None
         self.first_byte_at = 0.0
         self.sent = 0
@@ -118,7 +128,8 @@ class DecodeRelay:
                     self.response = web.Response(body=raw, content_type=_JSON)
                     self.first_byte_at = time.monotonic()
                     return None
-                out = self.response = web.StreamResponse(headers=_EVENTS)
+                head = {**_EVENTS, REQUEST_ID_HEADER: self._request_id}
+                out = self.response = web.StreamResponse(headers=head)
                 await out.prepare(self._request)
                 self._streaming, self.first_byte_at = True, time.monotonic()
                 self._first_byte()
