@@ -41,6 +41,7 @@ from pd_policy_vllm.http.fleet.metrics import CONTENT_TYPE, Metrics
 from pd_policy_vllm.http.fleet.models import fleet_models
 from pd_policy_vllm.http.fleet.probe import Probe, probing
 from pd_policy_vllm.http.front_door import FrontDoor, admit, error_response, refusal
+from pd_policy_vllm.http.log_filter import install as redact_logs
 from pd_policy_vllm.http.media.fetch import RemoteMedia
 from pd_policy_vllm.http.media.guard import MediaLimits
 from pd_policy_vllm.http.planning import Planning
@@ -145,7 +146,10 @@ class Proxy:
         self.draining = False
 
     def app(self) -> web.Application:
-        """The ``aiohttp`` application; its client session (and prober) live as long as it."""
+        """The ``aiohttp`` application; its client session (and prober) live as long as it.
+        From now on the log holds none of the proxy's keys
+        ([`log_filter`][pd_policy_vllm.http.log_filter])."""
+        redact_logs(self.keys)
         app = web.Application(client_max_size=self.front_door.max_body)
         app.router.add_post(Route.CHAT.value, self._chat)
         app.router.add_post(Route.COMPLETIONS.value, self._completions)
