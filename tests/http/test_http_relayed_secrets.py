@@ -238,6 +238,15 @@ def test_a_derender_failing_after_the_first_event_ends_the_stream_redacted() -> 
     assert b"decode_worker_failed_to_start" in answer and answer.endswith(b"data: [DONE]\n\n")
 
 
+def test_a_derendered_stream_that_quotes_a_key_is_relayed_redacted() -> None:
+    events = [b'data: {"choices": [{"token_ids": [5]}]}\n\n', b"data: [DONE]\n\n"]
+    said = {"chunk": {"choices": [{"delta": {"content": f"Bearer {WORKER_KEY}"}}]}}
+    decode = Echo("decode", pieces=events, answers={DERENDER: {**said, "stream_state": 1}})
+    status, answer = ask(Echo("prefill"), decode, {**PICTURE, "stream": True}, metadata=True)
+    check(status, answer, 200)
+    assert b'"content":"Bearer <redacted>"' in answer and answer.endswith(b"data: [DONE]\n\n")
+
+
 def test_a_render_whose_answer_quotes_a_key_where_the_proxy_names_what_is_wrong() -> None:
     # The render's 200 answer names a modality after the key; the proxy's own 502 says
     # which modality it does not know: worker text in an error no worker sent.
