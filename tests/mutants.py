@@ -37,6 +37,7 @@ _HOSTILE: Final = (
     "tests/http/test_http_hostile_worker.py",
 )
 _ROUTER_FIELDS: Final = ("tests/http/test_http_router_fields.py",)
+_SECRETS: Final = ("tests/http/test_http_relayed_secrets.py",)
 MUTANTS: Final = (
     Mutant(
         "the front door forwards a client's router-owned fields",
@@ -682,6 +683,84 @@ MUTANTS: Final = (
         "            if seq <= self._replayed_to:",
         "            if False:",
         ("tests/vllm/test_kv_feed.py",),
+    ),
+    Mutant(
+        "a worker's error message keeps the keys it quotes",
+        "pd_policy_vllm/http/calls.py",
+        "detail = redactor.text(str(loads(",
+        "detail = str(str(loads(",
+        ("tests/http/test_http_redact.py",),
+    ),
+    Mutant(
+        "a worker's error page is cut before its keys are redacted",
+        "pd_policy_vllm/http/calls.py",
+        "detail = redactor.text(start)[:_RAW_DETAIL]",
+        "detail = redactor.text(start[:_RAW_DETAIL])",
+        _SECRETS,
+    ),
+    Mutant(
+        "the proxy answers a leg's error unredacted",
+        "pd_policy_vllm/http/driver.py",
+        "return upstream.redactor.error_response(action.error)",
+        "return type(upstream.redactor)().error_response(action.error)",
+        _SECRETS,
+    ),
+    Mutant(
+        "the decode's whole answer is relayed unredacted",
+        "pd_policy_vllm/http/relay.py",
+        "body = self._redactor.data(raw)",
+        "body = raw",
+        _SECRETS,
+    ),
+    Mutant(
+        "the decode's stream is relayed unredacted",
+        "pd_policy_vllm/http/relay.py",
+        "if sent := redacting.piece(piece):",
+        "if sent := piece:",
+        _SECRETS,
+    ),
+    Mutant(
+        "a stream holds back no tail that may start a key",
+        "pd_policy_vllm/http/redact.py",
+        "        keep = redactor.held(data)\n",
+        "        keep = 0\n",
+        (*_SECRETS, "tests/http/test_http_redact.py"),
+    ),
+    Mutant(
+        "a derendered event is relayed unredacted",
+        "pd_policy_vllm/http/relay.py",
+        'b"data: " + self._redactor.data(event) + b"\\n\\n"',
+        'b"data: " + event + b"\\n\\n"',
+        _SECRETS,
+    ),
+    Mutant(
+        "the models the workers list are relayed unredacted",
+        "pd_policy_vllm/http/proxy.py",
+        "models.body = request.app[_CLIENTS].legs.redactor.data(models.body)",
+        "models.body = models.body",
+        _SECRETS,
+    ),
+    Mutant(
+        "the proxy does not install its log filter",
+        "pd_policy_vllm/http/proxy.py",
+        "        redact_logs(self.keys)\n",
+        "",
+        ("tests/http/test_http_log_secrets.py",),
+    ),
+    Mutant(
+        "the log filter leaves a traceback as it is",
+        "pd_policy_vllm/http/log_filter.py",
+        "                record.exc_text, record.exc_info = clean, None\n",
+        "                pass\n",
+        ("tests/http/test_http_log_secrets.py",),
+    ),
+    Mutant(
+        "a keys file's comment is checked before its line is stripped",
+        "pd_policy_vllm/http/auth.py",
+        '    return [line for line in stripped if line and not line.startswith("#")]',
+        "    return [line.strip() for line in text.splitlines()"
+        ' if line.strip() and line[0] != "#"]',
+        ("tests/http/test_http_keys_files.py",),
     ),
 )
 

@@ -41,9 +41,11 @@ from pd_policy_vllm.http.fleet.metrics import CONTENT_TYPE, Metrics
 from pd_policy_vllm.http.fleet.models import fleet_models
 from pd_policy_vllm.http.fleet.probe import Probe, probing
 from pd_policy_vllm.http.front_door import FrontDoor, admit, error_response, refusal
+from pd_policy_vllm.http.log_filter import install as redact_logs
 from pd_policy_vllm.http.media.fetch import RemoteMedia
 from pd_policy_vllm.http.media.guard import MediaLimits
 from pd_policy_vllm.http.planning import Planning
+from pd_policy_vllm.http.redact import Redactor
 from pd_policy_vllm.http.request_log import log_request
 from pd_policy_vllm.http.upstream import DEFAULT_LIMITS, Limits, Observer
 from pd_policy_vllm.openai.plan.request import Route
@@ -144,7 +146,10 @@ class Proxy:
         self.draining = False
 
     def app(self) -> web.Application:
-        """The ``aiohttp`` application; its client session (and prober) live as long as it."""
+        """The ``aiohttp`` application; its client session (and prober) live as long as it.
+        From now on the log holds none of the proxy's keys
+        ([`log_filter`][pd_policy_vllm.http.log_filter])."""
+        redact_logs(self.keys)
         app = web.Application(client_max_size=self.front_door.max_body)
         app.router.add_post(Route.CHAT.value, self._chat)
         app.router.add_post(Route.COMPLETIONS.value, self._completions)
@@ -162,7 +167,11 @@ class Proxy:
 
     async def _session(self, app: web.Application) -> Any:
         async with open_clients(
-            self.limits, self.media_limits, self.observers, self.trace_configs
+            self.limits,
+            self.media_limits,
+            self.observers,
+            self.trace_configs,
+            Redactor.of(self.keys),
         ) as clients:
             app[_CLIENTS] = clients
             headers = self.keys.worker_headers()
@@ -218,7 +227,11 @@ class Proxy:
     async def _models(self, request: web.Request) -> web.Response:
         if not self.keys.admits(request.headers.get("Authorization")):
             return error_response(Unauthorized())
-        return await fleet_models(self.session(request), self.fleet, self.keys.worker_headers())
+        session, keys = self.session(request), self.keys
+        models = await fleet_models(session, self.fleet, keys.worker_headers())
+        if isinstance(models.body, bytes):  # the workers' own words: no key of the proxy's
+            models.body = request.app[_CLIENTS].legs.redactor.data(models.body)
+        return models
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self.serve(request, Route.CHAT)
