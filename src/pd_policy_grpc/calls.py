@@ -16,17 +16,31 @@ from typing import Any, ClassVar, Protocol
 import grpc
 from pd_policy import (
     DecodeCandidate,
+    InvalidConfiguration,
     KvConnectorMode,
     PrefillKv,
     WorkerCapability,
     WorkerStreamError,
 )
+from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS
+from pd_policy_grpc.owned import router_request_id
 from pd_policy_grpc.status import error_from_rpc
 from pd_policy_grpc.wire import pb, pb_grpc
 
-__all__ = ["PdCalls", "Stub"]
+__all__ = ["PdCalls", "Stub", "checked_max_media_items"]
 
 logger = logging.getLogger("pd_policy_grpc.client")
+
+
+def checked_max_media_items(value: int) -> int:
+    """``value``, a router's cap on the media items of a request; raises
+    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] unless it is an
+    integer of at least 0 (0: a router for text alone)."""
+    if type(value) is not int or value < 0:
+        raise InvalidConfiguration(
+            "max_media_items must be an integer of at least 0", param="max_media_items"
+        )
+    return value
 
 
 class Stub(Protocol):
@@ -55,7 +69,9 @@ class PdCalls:
         timeout: float | None = None,
         abort_timeout: float = 2.0,
         deferred_abort_max_wait: float = 30.0,
+        max_media_items: int = DEFAULT_MAX_MEDIA_ITEMS,
     ) -> None:
+        self.max_media_items = checked_max_media_items(max_media_items)
         self.kv = kv if isinstance(kv, PrefillKv) else PrefillKv(kv)
         self._prefill = self._stub(prefill)
         if isinstance(decode, Sequence):
@@ -83,6 +99,14 @@ class PdCalls:
     def own(self, placement: Any) -> Any:
         """The pair an attempt goes to, for a router of one pair: itself."""
         return self
+
+    @staticmethod
+    def _request_id(caller_id: str) -> str:
+        """A new id for an attempt's legs (the router's own); the caller's goes to the log."""
+        own = router_request_id()
+        # Bounded, and as a repr: the caller chose it, newlines and all.
+        logger.debug("request %.80r runs as %s", caller_id, own)
+        return own
 
     @staticmethod
     def _prefill_response(item: Any) -> pb.GenerateResponse:

@@ -51,14 +51,16 @@ W = TypeVar("W")
 @attrs.define
 class PairAttempt(Generic[L]):
     """One attempt on a pair, up to its decode: the decode leg (a message, or a serialized
-    leg) and the stub it goes to, whether a prefill runs first, the handoff check, and the
-    handoff planned."""
+    leg) and the stub it goes to, whether a prefill runs first, the handoff check, the
+    handoff planned, and the id both legs run (and are aborted) under: the router's own
+    ([`router_request_id`][pd_policy_grpc.owned.router_request_id]), never the caller's."""
 
     leg: L
     decode: Any
     prefill: bool
     check: HandoffCheck
     handoff: KvHandoff
+    request_id: str
 
 
 class Pair(Protocol):

@@ -17,16 +17,18 @@ not grow with the payload.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 import attrs
 
 from pd_policy import MROPE_GRID_KEYS, MalformedRequest, Request
+from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS, check_media_items
 from pd_policy_grpc.facts import WireFacts, check_generate_request, read_facts
 from pd_policy_grpc.view import request_view
 from pd_policy_grpc.wire import pb
 
+from .items import count_raw_media_items
 from .protowire import LEN, Field, fields, length_prefix
 
 __all__ = ["RawRequest", "read_request"]
@@ -61,6 +63,9 @@ class RawRequest:
     skeleton: pb.GenerateRequest = attrs.field(repr=False)
     #: The top-level fields, in wire order.
     fields: tuple[Field, ...] = attrs.field(repr=False)
+    #: Its media items, counted before the skeleton was parsed (exact up to the reader's
+    #: cap: [`count_raw_media_items`][pd_policy_grpc.raw.items.count_raw_media_items]).
+    media_items: int = attrs.field(kw_only=True)
 
     @property
     def n(self) -> int:
@@ -76,16 +81,33 @@ class RawRequest:
         return read_facts(self.skeleton, check=False)
 
 
-def read_request(data: bytes | bytearray | memoryview, *, check: bool = True) -> RawRequest:
+def read_request(
+    data: bytes | bytearray | memoryview,
+    *,
+    check: bool = True,
+    max_media_items: int = DEFAULT_MAX_MEDIA_ITEMS,
+) -> RawRequest:
     """Read a serialized ``GenerateRequest`` without reading or copying its tensor payloads.
 
-    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400) for bytes the
-    protobuf runtime would not parse as a ``GenerateRequest``, and, unless ``check=False``,
-    for a message that fails
+    Raises [`TooManyMediaItems`][pd_policy.client_errors.TooManyMediaItems] (400) for a
+    request of more than ``max_media_items`` media items, counted from the tags before
+    anything is parsed; [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400) for
+    bytes the protobuf runtime would not parse as a ``GenerateRequest``, and, unless
+    ``check=False``, for a message that fails
     [`check_generate_request`][pd_policy_grpc.facts.check_generate_request].
     """
     buf = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
-    top = tuple(fields(buf))
+    walked: list[Field] = []
+
+    def walk() -> Iterator[Field]:
+        for field in fields(buf):
+            walked.append(field)
+            yield field
+
+    # Counted as the fields are walked: past the cap, the walk stops there.
+    items = count_raw_media_items(buf, walk(), max_media_items)
+    check_media_items(items, max_media_items)
+    top = tuple(walked)
     # The primary batch may come in several occurrences, which merge: a flat key in one
     # can name a sizes tensor in another.
     primary: set[str] = set()
@@ -107,7 +129,7 @@ def read_request(data: bytes | bytearray | memoryview, *, check: bool = True) ->
         raise MalformedRequest("the bytes are not a GenerateRequest", param="request") from None
     if check:
         check_generate_request(skeleton)
-    return RawRequest(buf, skeleton, top)
+    return RawRequest(buf, skeleton, top, media_items=items)
 
 
 def _text(buf: memoryview, field: Field) -> str:
