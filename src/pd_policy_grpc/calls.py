@@ -20,6 +20,7 @@ from pd_policy import (
     KvConnectorMode,
     PrefillKv,
     WorkerCapability,
+    WorkerFailedToStart,
     WorkerStreamError,
 )
 from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS
@@ -41,6 +42,20 @@ def checked_max_media_items(value: int) -> int:
             "max_media_items must be an integer of at least 0", param="max_media_items"
         )
     return value
+
+
+def _closed_under(leg: str, started: bool) -> WorkerFailedToStart:
+    # The channel closed under the call (its member removed, the router shutting down):
+    # the worker is gone for this request, as an unavailable one is.
+    cls = WorkerStreamError if started else WorkerFailedToStart
+    return cls(leg, "UNAVAILABLE", "the channel to the worker closed under the call")
+
+
+def _cancelled_by_us() -> bool:
+    # A call gRPC cancels (its channel closed) raises CancelledError into a task nobody
+    # cancelled; a caller's cancel, or a deadline, is a cancel of the task itself.
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class Stub(Protocol):
@@ -121,7 +136,10 @@ class PdCalls:
     async def _run_prefill(self, leg: Any, request_id: str) -> pb.GenerateComplete:
         started = False
         complete: pb.GenerateComplete | None = None
-        call = self._prefill.Generate(leg, timeout=self.timeout)
+        try:
+            call = self._prefill.Generate(leg, timeout=self.timeout)
+        except grpc.aio.UsageError:
+            raise _closed_under("prefill", False) from None
         try:
             async for item in call:
                 started = True
@@ -130,6 +148,12 @@ class PdCalls:
                     complete = response.complete
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc, "prefill", started=started) from exc
+        except grpc.aio.UsageError:
+            raise _closed_under("prefill", started) from None
+        except asyncio.CancelledError:
+            if _cancelled_by_us():
+                raise
+            raise _closed_under("prefill", started) from None
         finally:
             if complete is None:
                 # Failed, cancelled or dropped before completing: nothing was handed off yet.
@@ -140,7 +164,10 @@ class PdCalls:
         return complete
 
     async def _stream_decode(self, decode: Stub, leg: Any, request_id: str) -> AsyncGenerator[Any]:
-        call = decode.Generate(leg, timeout=self.timeout)
+        try:
+            call = decode.Generate(leg, timeout=self.timeout)
+        except grpc.aio.UsageError:
+            raise _closed_under("decode", False) from None
         # The first read runs in a task of its own, so that a caller cancelled while
         # waiting for it does not cancel the call mid-handoff (see the class docs).
         first: asyncio.Future[Any] = asyncio.ensure_future(call.read())
@@ -154,6 +181,12 @@ class PdCalls:
                     response = await call.read()
             except grpc.aio.AioRpcError as exc:
                 raise error_from_rpc(exc, "decode", started=saw_item) from exc
+            except grpc.aio.UsageError:
+                raise _closed_under("decode", saw_item) from None
+            except asyncio.CancelledError:
+                if _cancelled_by_us():
+                    raise
+                raise _closed_under("decode", saw_item) from None
             ended = True
         finally:
             if not ended:
@@ -182,5 +215,6 @@ class PdCalls:
 
     async def _abort(self, stub: Stub, request_id: str) -> None:
         # Best effort: the worker may be the reason we are aborting.
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
+        # A closed channel (the member was removed under the request) has nothing to abort.
+        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.TimeoutError):
             await stub.Abort(pb.AbortRequest(request_ids=[request_id]), timeout=self.abort_timeout)
