@@ -80,8 +80,8 @@ def run(bytes_router: bool, test: Callable[[Stand], Awaitable[None]]) -> None:
                     channel = await stack.enter_async_context(grpc.aio.insecure_channel(address))
                     fleet.add(role, await describe_worker(channel, address, role))
             await test((fleet, ps, ds))
-            for engine in (*ps, *ds):
-                engine.release.set()
+            for held in (*ps, *ds):
+                held.release.set()
             for d in ds:
                 d.abort_release.set()
             await fleet.aclose()

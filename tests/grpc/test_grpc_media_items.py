@@ -37,6 +37,7 @@ from pd_policy_grpc.media_items import count_media_items
 from pd_policy_grpc.raw import SequentialPdBytes, read_request
 from pd_policy_grpc.raw.protowire import Field, fields
 from pd_policy_grpc.wire import pb
+from routers import sequential_pd
 
 ROUTERS = ("message", "bytes", "fleet-message", "fleet-bytes")
 VISION = WorkerCapability(VisionSupport.TRUE)
@@ -131,7 +132,7 @@ def test_media_references_count_and_a_zero_cap_takes_text_alone(kind: str) -> No
 @pytest.mark.parametrize("value", [-1, 1.5, True, "128"])
 def test_the_cap_is_a_count(value: Any) -> None:
     with pytest.raises(InvalidConfiguration) as caught:
-        SequentialPd(None, None, VISION, max_media_items=value)
+        sequential_pd(None, None, VISION, max_media_items=value)
     assert caught.value.param == "max_media_items"
     with pytest.raises(InvalidConfiguration):
         FleetPd(max_media_items=value)

@@ -94,7 +94,7 @@ def hostile_legacy(request: pb.GenerateRequest) -> pb.GenerateRequest:
 
 
 # Each form on which today's leg would carry the caller's handoff to a worker.
-FORMS = {
+FORMS: dict[str, tuple[Callable[[], pb.GenerateRequest], str, Callable[[], Engine]]] = {
     # n>1: decode runs alone; nothing of the router's replaces the caller's.
     "n>1 decode-only, json": (
         lambda: hostile_json(to_proto(text_request(n=2))),
