@@ -6,8 +6,8 @@ sizes of the repeated fields alone (never an item read), and only up to the cap 
 more. A media reference is one item; a batch is as many as it names (content hashes or
 placeholder ranges, whichever are more), and at least one: a batch costs its own work
 whether or not it names any. The count on bytes
-([`count_raw_media_items`][pd_policy_grpc.raw.items.count_raw_media_items]) is the same
-number, under the wire's merge rules.
+([`Tally`][pd_policy_grpc.raw.items.Tally]) is the same number, under the wire's merge
+rules.
 """
 
 from __future__ import annotations
