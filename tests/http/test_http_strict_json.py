@@ -124,6 +124,20 @@ def test_a_key_written_twice_beside_a_data_url_is_a_400(path: bool, body: bytes)
     assert refused(skim, inner).param == "messages[0].content[1].uuid"
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": 1, "a": 2, "b": }',
+        b'{"a": 1, "a": 2, "b": "\\q"}',
+        b'{"a":1,"a":2,"b":%s}' % nested(2000),
+    ],
+)
+def test_a_key_twice_in_a_text_broken_further_on_is_a_400(path: bool, raw: bytes) -> None:
+    # The standard library's hook sees the key first; naming it parses again, and that
+    # parse fails further on: the body is named then.
+    assert refused(codec.loads, raw).param == "body"
+
+
 def test_a_key_twice_in_a_large_body_is_named_as_the_body(path: bool) -> None:
     # Naming it takes another parse: not for a body over 1 MiB.
     raw = b'{"p": "%s", "a": 1, "a": 2}' % (b"x" * (1 << 20))

@@ -241,7 +241,8 @@ def twice_param(raw: bytes | bytearray | str) -> str:
         return "body"
     try:
         value = json.loads(raw, object_pairs_hook=_marking)
-    except RecursionError:  # a text the standard library refused before its depth was known
+    except (ValueError, RecursionError):
+        # Not JSON past the key twice (the hook saw it first), or deeper than the stack.
         return "body"
     stack: list[tuple[Any, str | None]] = [(value, "")] if isinstance(value, dict | list) else []
     while stack:
