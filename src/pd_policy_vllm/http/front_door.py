@@ -34,7 +34,7 @@ from typing import Any, Final
 
 import attrs
 
-from pd_policy import BodyTooLarge, ClientTooSlow, ClientUuids, PolicyError
+from pd_policy import BodyTooLarge, ClientTooSlow, ClientUuids, MalformedRequest, PolicyError
 from pd_policy_vllm.http.aio import web
 from pd_policy_vllm.openai.media.tenant import scoped_body
 from pd_policy_vllm.openai.plan.legs import Leg
@@ -142,6 +142,15 @@ async def client_body(request: web.Request, door: FrontDoor) -> bytes:
     )
 
 
+def _streams(body: Any) -> bool:
+    # Read strictly: vLLM reads "false" as false, and a proxy that took it for a stream
+    # would relay a whole answer as events.
+    stream = body.get("stream") if isinstance(body, dict) else None
+    if stream is not None and not isinstance(stream, bool):
+        raise MalformedRequest("stream must be true or false", param="stream")
+    return bool(stream)
+
+
 async def admit(
     request: web.Request,
     route: Route,
@@ -156,11 +165,11 @@ async def admit(
     docs): ``keyed`` when the proxy checks clients' keys (its bearer key is then one of
     its tenant's names); ``served_as`` is the client's route when it is another API
     planned as ``route``. Raises the refusals of reading and parsing the body (413, 408,
-    400)."""
+    400; a ``stream`` that is not a boolean is a 400 too)."""
     raw = await client_body(request, door)
     # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
     body = skim(raw) if route is Route.CHAT and served_as is None else loads(raw)
-    stream = isinstance(body, dict) and bool(body.get("stream"))
+    stream = _streams(body)
     authorization = request.headers.get("Authorization")
     body, spliceable = scoped_body(body, raw, authorization, keyed=keyed, mode=uuids)
     translate = None
