@@ -84,6 +84,16 @@ def test_nesting_to_the_limit_is_taken_on_both_paths(path: bool) -> None:
     refused(codec.loads, b'{"messages": %s}' % nested(MAX_DEPTH))
 
 
+@pytest.mark.parametrize("objects", [0, 8])
+def test_nesting_past_the_limit_beside_a_large_string_is_a_400(path: bool, objects: int) -> None:
+    # Over 64 KiB with few colons: its [ and { are counted by find, not in one pass; and
+    # neither alone is past the limit.
+    arrays = MAX_DEPTH - objects
+    deep = b"[" * arrays + b'{"a":' * objects + b"1" + b"}" * objects + b"]" * arrays
+    raw = b'{"input": "%s", "a": %s}' % (b"x" * 100_000, deep)
+    assert "deeper than 128" in refused(codec.loads, raw).message
+
+
 def test_brackets_inside_strings_are_not_nesting(path: bool) -> None:
     # More [ and { than the limit, all in strings: walked, and found shallow.
     raw = json.dumps({"messages": ["[{" * 200, {"a": "{" * 300}]}).encode()
