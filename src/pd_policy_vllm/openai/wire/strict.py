@@ -194,7 +194,7 @@ def written_once(
             return True
         written = members + inner if whole else count(encode(value), b":")
     else:
-        written = count(encode(value), b":")
+        written = encode(value).count(b":")  # as dense as the text: one pass
     if colons > written:
         return False
     escapes = len(_ESCAPED_COLON.findall(raw)) if raw.find(b"\\") >= 0 else 0
