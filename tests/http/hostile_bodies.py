@@ -100,7 +100,7 @@ BODIES: Final = {CHAT: _chat(), COMPLETIONS: _completions(), RESPONSES: _respons
 
 #: Values of every JSON type, the odd ones weighted in: huge and negative numbers, empty and
 #: URL-like strings, empty and nested containers (deep, but within the limit).
-WRONG: Final = st.one_of(
+WRONG: Final[st.SearchStrategy[Any]] = st.one_of(
     st.sampled_from(
         [
             None,

@@ -30,7 +30,7 @@ from pd_policy_vllm.openai.wire.strict import MAX_DEPTH
 #: Examples of the live property: each is a batch of up to three requests through the proxy,
 #: so fewer than the profile's 600 keep it well under a minute (the fuzz profile's many
 #: more are for the properties without I/O).
-LIVE_EXAMPLES: Final = 120
+LIVE_EXAMPLES: Final = 300
 #: Each a batch's guard against a hang: far above what a batch takes.
 GUARD: Final = 30.0
 _ROUTES: Final = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
@@ -202,9 +202,11 @@ def path(request: pytest.FixtureRequest) -> Iterator[bool]:
 def test_no_malformed_body_is_a_5xx_and_the_proxy_keeps_answering(path: bool) -> None:
     loop = asyncio.new_event_loop()
     outcomes: Counter[str] = Counter()
+    profile = settings.default
+    assert profile is not None
 
     @settings(
-        max_examples=min(settings.default.max_examples, LIVE_EXAMPLES),
+        max_examples=min(profile.max_examples, LIVE_EXAMPLES),
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
