@@ -38,6 +38,8 @@ _HOSTILE: Final = (
 )
 _ROUTER_FIELDS: Final = ("tests/http/test_http_router_fields.py",)
 _SECRETS: Final = ("tests/http/test_http_relayed_secrets.py",)
+#: Hostile JSON: parsed (both paths), and through a live proxy.
+_JSON: Final = ("tests/http/test_http_strict_json.py", "tests/http/test_http_malformed_bodies.py")
 MUTANTS: Final = (
     Mutant(
         "the front door forwards a client's router-owned fields",
@@ -511,6 +513,64 @@ MUTANTS: Final = (
         "        body, spliceable = chat_equivalent(body), None",
         "        body = chat_equivalent(body)",
         ("tests/http/test_http_proxy_faults.py",),
+    ),
+    Mutant(
+        "a key written twice is let through when msgspec parsed the body",
+        "pd_policy_vllm/openai/wire/codec.py",
+        "            once = written_once(data, colons, value, _ENCODER.encode)",
+        "            once = True",
+        _JSON,
+    ),
+    Mutant(
+        "a key written twice is let through by the standard library's parse",
+        "pd_policy_vllm/openai/wire/codec.py",
+        "    object_pairs_hook=unique, parse_constant=_constant",
+        "    parse_constant=_constant",
+        _JSON,
+    ),
+    Mutant(
+        "the count of colons forgets that an escape makes one",
+        "pd_policy_vllm/openai/wire/strict.py",
+        "    return True if colons == written - escapes else None",
+        "    return True if colons >= written - escapes else None",
+        _JSON,
+    ),
+    Mutant(
+        "a body nested past the limit is parsed and walked",
+        "pd_policy_vllm/openai/wire/codec.py",
+        "    if too_deep(opened, value):",
+        "    if False:",
+        _JSON,
+    ),
+    Mutant(
+        "a large body's objects are not counted before its depth is judged",
+        "pd_policy_vllm/openai/wire/strict.py",
+        '            return count(raw, b"[") + count(raw, b"{"), colons',
+        '            return count(raw, b"["), colons',
+        _JSON,
+    ),
+    Mutant(
+        "the parser's RecursionError escapes: a 500",
+        "pd_policy_vllm/openai/wire/codec.py",
+        "    except RecursionError:\n"
+        '        raise MalformedRequest(_deeper(what), param="body") from None\n'
+        "    except UnicodeError:",
+        "    except UnicodeError:",
+        _JSON,
+    ),
+    Mutant(
+        "a worker's handoff nested past the limit is relayed",
+        "pd_policy_vllm/openai/wire/codec.py",
+        "    if deeper_than(reply.kv_transfer_params) or deeper_than(reply.usage):",
+        "    if False:",
+        _JSON,
+    ),
+    Mutant(
+        "a stream that is not a boolean is taken for one",
+        "pd_policy_vllm/http/front_door.py",
+        "    if stream is not None and not isinstance(stream, bool):",
+        "    if False:",
+        ("tests/http/test_http_malformed_bodies.py",),
     ),
     Mutant(
         "the Ray decode server sends Ray's own decode leg: the client's request, images in",

@@ -35,7 +35,14 @@ from typing import Any, Final
 
 import attrs
 
-from pd_policy import BodyTooLarge, ClientTooSlow, ClientUuids, PolicyError, check_client_fields
+from pd_policy import (
+    BodyTooLarge,
+    ClientTooSlow,
+    ClientUuids,
+    MalformedRequest,
+    PolicyError,
+    check_client_fields,
+)
 from pd_policy.router_fields import RouterField, without_dropped
 from pd_policy_vllm.http.aio import web
 from pd_policy_vllm.openai.media.tenant import scoped_body
@@ -159,6 +166,15 @@ async def client_body(request: web.Request, door: FrontDoor) -> bytes:
     )
 
 
+def _streams(body: Any) -> bool:
+    # Read strictly: vLLM reads "false" as false, and a proxy that took it for a stream
+    # would relay a whole answer as events.
+    stream = body.get("stream") if isinstance(body, dict) else None
+    if stream is not None and not isinstance(stream, bool):
+        raise MalformedRequest("stream must be true or false", param="stream")
+    return bool(stream)
+
+
 async def admit(
     request: web.Request,
     route: Route,
@@ -174,7 +190,8 @@ async def admit(
     docs): ``keyed`` when the proxy checks clients' keys (its bearer key is then one of
     its tenant's names); ``served_as`` is the client's route when it is another API
     planned as ``route``; ``client_id`` the id the client gave it. Raises the refusals of
-    reading and parsing the body (413, 408, 400), and
+    reading and parsing the body (413, 408, 400; a ``stream`` that is not a boolean is a
+    400 too), and
     [`RouterOwnedField`][pd_policy.client_errors.RouterOwnedField] (400) for a field only
     the router may set: no worker ever sees one of a client's."""
     raw = await client_body(request, door)
@@ -183,7 +200,7 @@ async def admit(
     dropped = check_client_fields(body)
     if dropped:
         body = _dropping(body, dropped)
-    stream = isinstance(body, dict) and bool(body.get("stream"))
+    stream = _streams(body)
     authorization = request.headers.get("Authorization")
     body, spliceable = scoped_body(body, raw, authorization, keyed=keyed, mode=uuids)
     translate = None

@@ -17,9 +17,10 @@ Where the two libraries differ, the standard library's answer is the contract:
   values without floats, where its output is the same (a property test holds
   it to that).
 - [`loads`][pd_policy_vllm.openai.wire.codec.loads] refuses what is not strict JSON (``NaN``,
-numbers out
-  of range,
-  lone surrogates) with [`MalformedRequest`][pd_policy.errors.MalformedRequest], on both paths.
+  numbers out of range, lone surrogates, an object that names a key twice, nesting past
+  [`MAX_DEPTH`][pd_policy_vllm.openai.wire.strict.MAX_DEPTH]) with
+  [`MalformedRequest`][pd_policy.errors.MalformedRequest], on both paths
+  ([`strict`][pd_policy_vllm.openai.wire.strict] says how, and what it costs).
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ from typing import Annotated, Any
 
 from pd_policy import MalformedRequest
 from pd_policy_vllm.openai.wire.data_url import DataUrl
+from pd_policy_vllm.openai.wire.strict import (
+    MAX_DEPTH,
+    KeyTwice,
+    deeper_than,
+    shape,
+    too_deep,
+    twice_param,
+    unique,
+    written_once,
+)
 from pd_policy_vllm.openai.wire.token_ids import TokenIds
 
 __all__ = [
@@ -99,28 +110,62 @@ def _constant(name: str) -> Any:
 def _strict_float(text: str) -> float:
     value = float(text)
     if math.isinf(value):
-        raise ValueError(f"{text} is out of a double's range")
+        raise ValueError("a number out of a double's range")  # not the client's digits
     return value
 
 
 _STRICT: Callable[[str], Any] = json.JSONDecoder(
-    parse_constant=_constant, parse_float=_strict_float
+    object_pairs_hook=unique, parse_constant=_constant, parse_float=_strict_float
 ).decode
 
 
 def loads(raw: bytes | bytearray | str, *, what: str = "the body") -> Any:
-    """Parse strict JSON. Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400,
-    ``param``
-    ``body``) naming ``what`` for anything else."""
+    """Parse strict JSON. Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400)
+    naming ``what`` for anything else: ``param`` names where an object names a key twice
+    (``messages[0].cache_salt``; ``body`` when it cannot), else it is ``body``."""
+    data = raw if isinstance(raw, bytes) else _as_bytes(raw)
     try:
+        # Parsed first: a parser stops where the stack does (RecursionError), and the depth
+        # is checked on the value before any other walk of it.
         if USE_MSGSPEC:
-            return _DECODER.decode(raw)
-        text = raw.decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
-        value = _STRICT(text)
+            value = _DECODER.decode(data)
+            opened, colons = shape(data)
+            _shallow(opened, value, what)
+            once = written_once(data, colons, value, _ENCODER.encode)
+            if once is None:
+                _STRICT(data.decode("utf-8"))  # the exact check: raises KeyTwice
+            elif not once:
+                raise KeyTwice()
+            return value
+        value = _STRICT(data.decode("utf-8"))
+        _shallow(shape(data)[0], value, what)
         _no_lone_surrogates(value)
         return value
-    except (ValueError, UnicodeError) as exc:  # msgspec.DecodeError is a ValueError
+    except KeyTwice:
+        where = twice_param(data)
+        raise MalformedRequest(f"{what} names a key twice in one object", param=where) from None
+    except RecursionError:
+        raise MalformedRequest(_deeper(what), param="body") from None
+    except UnicodeError:
+        # Not the error's own text: it quotes the character.
+        raise MalformedRequest(
+            f"{what} is not JSON: not UTF-8, or a lone surrogate", "body"
+        ) from None
+    except ValueError as exc:  # msgspec.DecodeError is a ValueError
         raise MalformedRequest(f"{what} is not JSON: {exc}", param="body") from None
+
+
+def _as_bytes(raw: bytearray | str) -> bytes:
+    return raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
+
+
+def _deeper(what: str) -> str:
+    return f"{what} nests arrays and objects deeper than {MAX_DEPTH} levels"
+
+
+def _shallow(opened: int, value: Any, what: str) -> None:
+    if too_deep(opened, value):
+        raise MalformedRequest(_deeper(what), param="body")
 
 
 def _no_lone_surrogates(value: Any) -> None:
@@ -203,7 +248,8 @@ def reply_fields(raw: bytes, *, in_choice: bool, what: str) -> ReplyFields | Non
     choice. ``None`` when the reply is JSON of another shape, or msgspec is not
     installed: read it parsed then. Raises
     [`MalformedRequest`][pd_policy.errors.MalformedRequest] naming ``what`` when it is not
-    JSON, as [`loads`][pd_policy_vllm.openai.wire.codec.loads] does."""
+    JSON, or nests deeper than [`MAX_DEPTH`][pd_policy_vllm.openai.wire.strict.MAX_DEPTH],
+    as [`loads`][pd_policy_vllm.openai.wire.codec.loads] does."""
     if not USE_MSGSPEC:
         return None
     reply: _Reply | _CompletionReply
@@ -218,5 +264,11 @@ def reply_fields(raw: bytes, *, in_choice: bool, what: str) -> ReplyFields | Non
         return None
     except (msgspec.DecodeError, UnicodeError) as exc:
         raise MalformedRequest(f"{what} is not JSON: {exc}", param="body") from None
+    except RecursionError:
+        raise MalformedRequest(_deeper(what), param="body") from None
+    # Any: a hostile worker's could nest as deep as the parser follows, and every later
+    # walk of it (the decode leg written) would fail.
+    if deeper_than(reply.kv_transfer_params) or deeper_than(reply.usage):
+        raise MalformedRequest(_deeper(what), param="body")
     data = bytes(found) if found is not None else b""
     return (TokenIds.read(data) if data else None), reply.kv_transfer_params, reply.usage
