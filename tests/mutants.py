@@ -36,6 +36,7 @@ _HOSTILE: Final = (
     "tests/http/test_http_upstream_hostile.py",
     "tests/http/test_http_hostile_worker.py",
 )
+_CANCEL: Final = ("tests/http/test_http_upstream_cancel.py",)
 MUTANTS: Final = (
     Mutant(
         "the exchange retries after the client has seen a byte",
@@ -549,6 +550,49 @@ MUTANTS: Final = (
         "        if self.busy < limits.max_connections and not self.waiters:",
         "        if True:",
         _HOSTILE,
+    ),
+    Mutant(
+        "a leg handed a slot as it is cancelled keeps it",
+        "pd_policy_vllm/http/upstream/client.py",
+        "                self.give()  # handed a slot as it was cancelled: pass it on\n",
+        "                pass\n",
+        _CANCEL,
+    ),
+    Mutant(
+        "a leg that fails or is cancelled before its head keeps its slot",
+        "pd_policy_vllm/http/upstream/client.py",
+        "        except BaseException:\n            pool.give()\n            raise\n",
+        "        except BaseException:\n            raise\n",
+        _CANCEL,
+    ),
+    Mutant(
+        "a leg whose block is left by an error or a cancellation keeps its slot",
+        "pd_policy_vllm/http/upstream/client.py",
+        "        try:\n            yield Response(connection, answer)\n"
+        "            reusable = connection.reusable\n        finally:\n",
+        "        if True:\n            yield Response(connection, answer)\n"
+        "            reusable = connection.reusable\n        if True:\n",
+        _CANCEL,
+    ),
+    Mutant(
+        "a leg's connect is run by wait_for, which loses a cancellation as it connects",
+        "pd_policy_vllm/http/upstream/client.py",
+        "            async with asyncio.timeout(limits.connect_timeout):\n"
+        "                _, connection = await loop.create_connection(\n"
+        "                    lambda: Connection(limits), target.host, target.port, ssl=tls\n"
+        "                )\n",
+        "            _, connection = await asyncio.wait_for(loop.create_connection(\n"
+        "                lambda: Connection(limits), target.host, target.port, ssl=tls\n"
+        "            ), limits.connect_timeout)\n",
+        _CANCEL,
+    ),
+    Mutant(
+        "a leg's connection is not closed when its head fails or is cancelled",
+        "pd_policy_vllm/http/upstream/client.py",
+        "            except BaseException:\n"
+        "                connection.close()\n                raise\n",
+        "            except BaseException:\n                raise\n",
+        _CANCEL,
     ),
     Mutant(
         "the cache rule ignores the load bound: one hot prefix floods its holder",

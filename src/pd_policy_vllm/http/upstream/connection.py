@@ -17,7 +17,7 @@ a ``Transfer-Encoding`` other than ``chunked`` (a coding it never asked for), an
 upgrade, and the time a worker may stay silent. 1xx answers are read past.
 
 The body is handed on as it arrives, decoded from chunks, to one reader at a time (its
-[`Response`][pd_policy_vllm.http.upstream.connection.Response]). A connection serves one
+[`Response`][pd_policy_vllm.http.upstream.response.Response]). A connection serves one
 request at a time and goes back to its pool when its response has been read to the end
 and the server did not ask to close it. Any fault closes it: its framing is not trusted.
 """
@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Sequence
-from types import TracebackType
+from collections.abc import Sequence
 from typing import Final
 
 import httptools
@@ -35,7 +34,7 @@ import httptools
 from .errors import UpstreamDisconnected, UpstreamProtocolError, UpstreamTimeout
 from .limits import Limits
 
-__all__ = ["Connection", "Head", "Response"]
+__all__ = ["Connection", "Head"]
 
 _STATUS_START: Final = b"HTTP/"
 
@@ -272,39 +271,3 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self._closed:
             self.transport.close()
         self._closed = True
-
-
-class Response:
-    """A worker's answer on ``connection``: its status, then its body, whole or piece by
-    piece. As an async context manager it hands the connection back at its end
-    (``release(connection, reusable)``: reusable when read to its end)."""
-
-    __slots__ = ("_connection", "_release", "status")
-
-    def __init__(
-        self, connection: Connection, head: Head, release: Callable[[Connection, bool], None]
-    ) -> None:
-        self._connection, self._release = connection, release
-        self.status = head.status
-
-    async def read(self) -> bytes:
-        """The whole body (what is left of it)."""
-        return await self._connection.read_all()
-
-    def __aiter__(self) -> Response:
-        return self
-
-    async def __anext__(self) -> bytes:
-        piece = await self._connection.read()
-        if not piece:
-            raise StopAsyncIteration
-        return piece
-
-    async def __aenter__(self) -> Response:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        connection = self._connection
-        self._release(connection, kind is None and connection.reusable)
