@@ -36,6 +36,7 @@ _HOSTILE: Final = (
     "tests/http/test_http_upstream_hostile.py",
     "tests/http/test_http_hostile_worker.py",
 )
+_FLOW: Final = ("tests/http/test_http_stream_backpressure.py",)
 _CANCEL: Final = ("tests/http/test_http_upstream_cancel.py",)
 MUTANTS: Final = (
     Mutant(
@@ -550,6 +551,20 @@ MUTANTS: Final = (
         "        if self.busy < limits.max_connections and not self.waiters:",
         "        if True:",
         _HOSTILE,
+    ),
+    Mutant(
+        "a worker's stream is read on when its reader stops: no window",
+        "pd_policy_vllm/http/upstream/connection.py",
+        "            self._paused = True\n            self.transport.pause_reading()\n",
+        "            pass\n",
+        _FLOW,
+    ),
+    Mutant(
+        "a paused worker's stream is never read again",
+        "pd_policy_vllm/http/upstream/connection.py",
+        "        if self._buffered <= WINDOW_LOW:\n            self._resume()\n",
+        "",
+        _FLOW,
     ),
     Mutant(
         "a leg handed a slot as it is cancelled keeps it",
