@@ -38,6 +38,7 @@ _HOSTILE: Final = (
 )
 _FLOW: Final = ("tests/http/test_http_stream_backpressure.py",)
 _CANCEL: Final = ("tests/http/test_http_upstream_cancel.py",)
+_GATE: Final = ("tests/http/test_http_client_gate.py", "tests/http/test_http_front_door.py")
 MUTANTS: Final = (
     Mutant(
         "the exchange retries after the client has seen a byte",
@@ -608,6 +609,43 @@ MUTANTS: Final = (
         "                connection.close()\n                raise\n",
         "            except BaseException:\n                raise\n",
         _CANCEL,
+    ),
+    Mutant(
+        "the cap on client connections is never enforced",
+        "pd_policy_vllm/http/client_gate.py",
+        "        if len(self.held) >= self.door.max_connections:",
+        "        if False:",
+        _GATE,
+    ),
+    Mutant(
+        "a closed client connection keeps its slot",
+        "pd_policy_vllm/http/client_gate.py",
+        "        self._gate.held.pop(self.handler, None)\n",
+        "",
+        _GATE,
+    ),
+    Mutant(
+        "a head's deadline never starts: a trickled head holds its connection",
+        "pd_policy_vllm/http/client_gate.py",
+        "        if not self._busy and self._timer is None:\n            self._arm()\n",
+        "",
+        _GATE,
+    ),
+    Mutant(
+        "a whole head does not end its deadline: a long request is cut",
+        "pd_policy_vllm/http/client_gate.py",
+        "        self._busy = True\n        self._disarm()\n",
+        "        pass\n",
+        _GATE,
+    ),
+    Mutant(
+        "the head's deadline is armed again after each request: idle connections are cut",
+        "pd_policy_vllm/http/client_gate.py",
+        '        """Its request is over: the next head\'s deadline runs from its first byte."""\n'
+        "        self._busy = False\n",
+        '        """Its request is over: the next head\'s deadline runs from its first byte."""\n'
+        "        self._busy = False\n        self._arm()\n",
+        _GATE,
     ),
     Mutant(
         "the cache rule ignores the load bound: one hot prefix floods its holder",
