@@ -40,6 +40,9 @@ _ROUTER_FIELDS: Final = ("tests/http/test_http_router_fields.py",)
 _SECRETS: Final = ("tests/http/test_http_relayed_secrets.py",)
 #: Hostile JSON: parsed (both paths), and through a live proxy.
 _JSON: Final = ("tests/http/test_http_strict_json.py", "tests/http/test_http_malformed_bodies.py")
+_FLOW: Final = ("tests/http/test_http_stream_backpressure.py",)
+_CANCEL: Final = ("tests/http/test_http_upstream_cancel.py",)
+_GATE: Final = ("tests/http/test_http_client_gate.py", "tests/http/test_http_front_door.py")
 MUTANTS: Final = (
     Mutant(
         "the front door forwards a client's router-owned fields",
@@ -709,6 +712,100 @@ MUTANTS: Final = (
         "        if self.busy < limits.max_connections and not self.waiters:",
         "        if True:",
         _HOSTILE,
+    ),
+    Mutant(
+        "a worker's stream is read on when its reader stops: no window",
+        "pd_policy_vllm/http/upstream/connection.py",
+        "            self._paused = True\n            self.transport.pause_reading()\n",
+        "            pass\n",
+        _FLOW,
+    ),
+    Mutant(
+        "a paused worker's stream is never read again",
+        "pd_policy_vllm/http/upstream/connection.py",
+        "        if self._buffered <= WINDOW_LOW:\n            self._resume()\n",
+        "",
+        _FLOW,
+    ),
+    Mutant(
+        "a leg handed a slot as it is cancelled keeps it",
+        "pd_policy_vllm/http/upstream/client.py",
+        "                self.give()  # handed a slot as it was cancelled: pass it on\n",
+        "                pass\n",
+        _CANCEL,
+    ),
+    Mutant(
+        "a leg that fails or is cancelled before its head keeps its slot",
+        "pd_policy_vllm/http/upstream/client.py",
+        "        except BaseException:\n            pool.give()\n            raise\n",
+        "        except BaseException:\n            raise\n",
+        _CANCEL,
+    ),
+    Mutant(
+        "a leg whose block is left by an error or a cancellation keeps its slot",
+        "pd_policy_vllm/http/upstream/client.py",
+        "        try:\n            yield Response(connection, answer)\n"
+        "            reusable = connection.reusable\n        finally:\n",
+        "        if True:\n            yield Response(connection, answer)\n"
+        "            reusable = connection.reusable\n        if True:\n",
+        _CANCEL,
+    ),
+    Mutant(
+        "a leg's connect is run by wait_for, which loses a cancellation as it connects",
+        "pd_policy_vllm/http/upstream/client.py",
+        "            async with asyncio.timeout(limits.connect_timeout):\n"
+        "                _, connection = await loop.create_connection(\n"
+        "                    lambda: Connection(limits), target.host, target.port, ssl=tls\n"
+        "                )\n",
+        "            _, connection = await asyncio.wait_for(loop.create_connection(\n"
+        "                lambda: Connection(limits), target.host, target.port, ssl=tls\n"
+        "            ), limits.connect_timeout)\n",
+        _CANCEL,
+    ),
+    Mutant(
+        "a leg's connection is not closed when its head fails or is cancelled",
+        "pd_policy_vllm/http/upstream/client.py",
+        "            except BaseException:\n"
+        "                connection.close()\n                raise\n",
+        "            except BaseException:\n                raise\n",
+        _CANCEL,
+    ),
+    Mutant(
+        "the cap on client connections is never enforced",
+        "pd_policy_vllm/http/client_gate.py",
+        "        if len(self.held) >= self.door.max_connections:",
+        "        if False:",
+        _GATE,
+    ),
+    Mutant(
+        "a closed client connection keeps its slot",
+        "pd_policy_vllm/http/client_gate.py",
+        "        self._gate.held.pop(self.handler, None)\n",
+        "",
+        _GATE,
+    ),
+    Mutant(
+        "a head's deadline never starts: a trickled head holds its connection",
+        "pd_policy_vllm/http/client_gate.py",
+        "        if not self._busy and self._timer is None:\n            self._arm()\n",
+        "",
+        _GATE,
+    ),
+    Mutant(
+        "a whole head does not end its deadline: a long request is cut",
+        "pd_policy_vllm/http/client_gate.py",
+        "        self._busy = True\n        self._disarm()\n",
+        "        pass\n",
+        _GATE,
+    ),
+    Mutant(
+        "the head's deadline is armed again after each request: idle connections are cut",
+        "pd_policy_vllm/http/client_gate.py",
+        '        """Its request is over: the next head\'s deadline runs from its first byte."""\n'
+        "        self._busy = False\n",
+        '        """Its request is over: the next head\'s deadline runs from its first byte."""\n'
+        "        self._busy = False\n        self._arm()\n",
+        _GATE,
     ),
     Mutant(
         "the cache rule ignores the load bound: one hot prefix floods its holder",

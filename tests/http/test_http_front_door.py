@@ -9,28 +9,33 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import pytest
 from aiohttp import web
 
 from pd_policy import KvConnectorMode, PrefillKv, Support, WorkerCapability
 from pd_policy_vllm.http import HttpWorker
+from pd_policy_vllm.http.client_gate import GatedRunner
 from pd_policy_vllm.http.flags import front_door, parser
 from pd_policy_vllm.http.front_door import FrontDoor
 from pd_policy_vllm.http.proxy import Proxy
 
 CAP = 64 * 1024
 #: Short limits, so the attacks end quickly; each test's hang guard is far above them.
-DOOR = FrontDoor(max_body=CAP, header_timeout=0.5, body_timeout=0.5)
+DOOR = FrontDoor(max_body=CAP, header_timeout=0.5, body_timeout=0.5, keepalive_timeout=0.5)
 GUARD = 15.0
 CHAT = json.dumps({"model": "m", "max_tokens": 1,
                    "messages": [{"role": "user", "content": "hi"}]}).encode()  # fmt: skip
 
 
 @contextlib.asynccontextmanager
-async def _site(app: web.Application, **kwargs: Any) -> AsyncIterator[int]:
-    runner = web.AppRunner(app, handler_cancellation=True, **kwargs)
+async def _site(app: web.Application, door: FrontDoor | None = None) -> AsyncIterator[int]:
+    """``app`` served on 127.0.0.1 (its port), with ``door``'s limits on its clients."""
+    runner = (
+        web.AppRunner(app, handler_cancellation=True)
+        if door is None
+        else GatedRunner(app, door, handler_cancellation=True)
+    )
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -41,9 +46,9 @@ async def _site(app: web.Application, **kwargs: Any) -> AsyncIterator[int]:
 
 
 @contextlib.asynccontextmanager
-async def proxy(calls: list[str], door: FrontDoor = DOOR) -> AsyncIterator[int]:
-    """A live proxy, run with ``door``'s server arguments as the CLI runs it, in front of
-    stand-in workers that record each call in ``calls``."""
+async def workers(calls: list[str], delay: float = 0.0) -> AsyncIterator[tuple[str, str]]:
+    """A stand-in prefill and decode (their URLs) that record each call in ``calls``; the
+    decode answers after ``delay``."""
 
     async def prefill(request: web.Request) -> web.Response:
         calls.append("prefill")
@@ -53,6 +58,7 @@ async def proxy(calls: list[str], door: FrontDoor = DOOR) -> AsyncIterator[int]:
     async def decode(request: web.Request) -> web.Response:
         calls.append("decode")
         await request.read()
+        await asyncio.sleep(delay)
         return web.json_response({"choices": [{"message": {"content": "ok"}}]})
 
     ports = []
@@ -61,19 +67,30 @@ async def proxy(calls: list[str], door: FrontDoor = DOOR) -> AsyncIterator[int]:
             app = web.Application()
             app.router.add_post("/v1/chat/completions", handler)
             ports.append(await stack.enter_async_context(_site(app)))
+        yield f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"
+
+
+@contextlib.asynccontextmanager
+async def proxy(calls: list[str], door: FrontDoor = DOOR, delay: float = 0.0) -> AsyncIterator[int]:
+    """A live proxy (its port), run with ``door``'s limits as the CLI runs it, in front of
+    the stand-ins of ``workers``."""
+    async with workers(calls, delay) as (prefill, decode):
         the_proxy = Proxy(
-            HttpWorker(f"http://127.0.0.1:{ports[0]}", kv=PrefillKv(KvConnectorMode.NIXL)),
-            [HttpWorker(f"http://127.0.0.1:{ports[1]}", WorkerCapability(Support.FALSE))],
+            HttpWorker(prefill, kv=PrefillKv(KvConnectorMode.NIXL)),
+            [HttpWorker(decode, WorkerCapability(Support.FALSE))],
             mrope=False, log_requests=False, front_door=door,
         )  # fmt: skip
-        yield await stack.enter_async_context(_site(the_proxy.app(), **door.server_args()))
+        async with _site(the_proxy.app(), door) as port:
+            yield port
 
 
-def run(test: Callable[[int, list[str]], Awaitable[None]], door: FrontDoor = DOOR) -> list[str]:
+def run(
+    test: Callable[[int, list[str]], Awaitable[None]], door: FrontDoor = DOOR, delay: float = 0.0
+) -> list[str]:
     calls: list[str] = []
 
     async def main() -> None:
-        async with proxy(calls, door) as port:
+        async with proxy(calls, door, delay) as port:
             await asyncio.wait_for(test(port, calls), GUARD)
 
     asyncio.run(main())
@@ -177,7 +194,7 @@ def test_headers_sent_a_byte_at_a_time_are_cut_off_at_the_header_timeout() -> No
     assert run(test) == []
 
 
-def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout() -> None:
+def test_a_connection_that_sends_nothing_is_closed_at_the_keepalive_timeout() -> None:
     async def test(port: int, calls: list[str]) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         assert await closed(reader)
@@ -227,9 +244,12 @@ def test_the_flags_set_the_limits_and_refuse_a_limit_that_is_not_positive(
     argv = ["--prefill", "http://p", "--decode", "http://d"]
     assert front_door(parser().parse_args(argv)) == FrontDoor()
     door = front_door(parser().parse_args([*argv, "--max-body-mib", "1", "--header-timeout",
-                                           "5", "--body-timeout", "7.5"]))  # fmt: skip
-    assert door == FrontDoor(max_body=2**20, header_timeout=5.0, body_timeout=7.5)
-    assert door.server_args() == {"keepalive_timeout": 5.0}
-    with pytest.raises(SystemExit):
-        parser().parse_args([*argv, "--body-timeout", "0"])
+                                           "5", "--body-timeout", "7.5", "--keepalive-timeout",
+                                           "90", "--max-client-connections", "9"]))  # fmt: skip
+    assert door == FrontDoor(max_body=2**20, header_timeout=5.0, body_timeout=7.5,
+                             keepalive_timeout=90.0, max_connections=9)  # fmt: skip
+    assert door.server_args() == {"keepalive_timeout": 90.0}
+    for flag in ("--body-timeout", "--keepalive-timeout", "--max-client-connections"):
+        with pytest.raises(SystemExit):
+            parser().parse_args([*argv, flag, "0"])
     assert "must be positive" in capsys.readouterr().err

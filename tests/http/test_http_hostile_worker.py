@@ -145,7 +145,7 @@ async def _concurrent_legs(limits: Limits, legs: int) -> tuple[list[object], int
 
     async def leg(url: str) -> object:
         try:
-            async with await upstream.post(f"{url}/v1", b"{}", {}) as response:
+            async with upstream.post(f"{url}/v1", b"{}", {}) as response:
                 await response.read()
                 return response.status
         except UpstreamUnreachable as exc:

@@ -130,7 +130,7 @@ def test_the_proxy_calls_workers_on_ipv6_loopback_given_as_bare_addresses() -> N
                 ports.append(port)
             # The client alone, then the proxy over workers named "[::1]:port".
             url = f"http://[::1]:{ports[0]}/v1/chat/completions"
-            async with await upstream.post(url, b'{"max_tokens": 1}', {}) as r:
+            async with upstream.post(url, b'{"max_tokens": 1}', {}) as r:
                 assert r.status == 200 and b"prompt_token_ids" in await r.read()
             proxy = Proxy(
                 HttpWorker(f"[::1]:{ports[0]}", kv=PrefillKv(KvConnectorMode.TRANSFER)),

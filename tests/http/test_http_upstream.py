@@ -217,11 +217,11 @@ def test_legs_to_a_real_server_share_a_kept_alive_connection_unless_it_closes() 
         try:
             url = f"http://127.0.0.1:{port}/echo"
             for query, body in (("", b"one"), ("?stream=1", b"two, chunked" * 5), ("", b"3")):
-                async with await upstream.post(url + query, [body[:2], body[2:]], {}) as r:
+                async with upstream.post(url + query, [body[:2], body[2:]], {}) as r:
                     assert (r.status, await r.read()) == (200, body)
-            async with await upstream.post(url + "?close=1", b"4", {}) as r:
+            async with upstream.post(url + "?close=1", b"4", {}) as r:
                 assert await r.read() == b"4"
-            async with await upstream.post(url, b"5", {}) as r:
+            async with upstream.post(url, b"5", {}) as r:
                 assert await r.read() == b"5"
         finally:
             upstream.close()
@@ -238,7 +238,7 @@ def test_a_streamed_answer_is_read_piece_by_piece_as_it_arrives() -> None:
         upstream = Upstream()
         try:
             body = bytes(range(100))
-            async with await upstream.post(f"http://127.0.0.1:{port}/echo?stream=1", body, {}) as r:
+            async with upstream.post(f"http://127.0.0.1:{port}/echo?stream=1", body, {}) as r:
                 pieces = [piece async for piece in r]
         finally:
             upstream.close()
@@ -257,9 +257,9 @@ def test_credentials_in_the_url_are_basic_auth_and_replace_the_workers_key() -> 
         try:
             headers = {"Authorization": "Bearer key", "X-Request-Id": "r"}
             url = f"http://us%40r:p%3Ass@127.0.0.1:{port}/echo"
-            async with await upstream.post(url, [b"a", b"b"], headers) as r:
+            async with upstream.post(url, [b"a", b"b"], headers) as r:
                 await r.read()
-            async with await upstream.post(f"http://127.0.0.1:{port}/echo", b"c", headers) as r:
+            async with upstream.post(f"http://127.0.0.1:{port}/echo", b"c", headers) as r:
                 await r.read()
         finally:
             upstream.close()
@@ -281,10 +281,11 @@ def test_a_header_goes_on_as_the_bytes_it_came_in_and_a_line_break_is_refused() 
         request_id = b"r\xe9-\xff".decode("utf-8", "surrogateescape")
         try:
             url = f"http://127.0.0.1:{port}/echo"
-            async with await upstream.post(url, b"x", {"X-Request-Id": request_id}) as r:
+            async with upstream.post(url, b"x", {"X-Request-Id": request_id}) as r:
                 assert await r.read() == b"x"
             with pytest.raises(ValueError, match="line break"):
-                await upstream.post(url, b"x", {"X-Request-Id": "a\r\nX-Injected: 1"})
+                async with upstream.post(url, b"x", {"X-Request-Id": "a\r\nX-Injected: 1"}):
+                    pass
         finally:
             upstream.close()
             await runner.cleanup()
@@ -299,7 +300,7 @@ def test_an_ipv6_literal_url_reaches_its_worker() -> None:
         runner, port = await _site(_echo_app([], seen), host="::1")
         upstream = Upstream()
         try:
-            async with await upstream.post(f"http://[::1]:{port}/echo", b"v6", {}) as r:
+            async with upstream.post(f"http://[::1]:{port}/echo", b"v6", {}) as r:
                 assert await r.read() == b"v6"
         finally:
             upstream.close()
@@ -317,13 +318,15 @@ def test_a_worker_that_is_not_listening_is_unreachable_not_disconnected() -> Non
             held.bind(("127.0.0.1", 0))
             url = f"http://127.0.0.1:{held.getsockname()[1]}/x"
             with pytest.raises(UpstreamUnreachable) as caught:
-                await upstream.post(url, b"", {})
+                async with upstream.post(url, b"", {}):
+                    pass
         assert isinstance(caught.value, aiohttp.ClientConnectionError)
         assert not isinstance(caught.value, aiohttp.ServerDisconnectedError)
         assert "127.0.0.1" not in str(caught.value)  # a URL may carry credentials
         upstream.close()
         with pytest.raises(UpstreamUnreachable):
-            await upstream.post("http://127.0.0.1:1/x", b"", {})
+            async with upstream.post("http://127.0.0.1:1/x", b"", {}):
+                pass
 
     _run(test)
 
@@ -332,7 +335,8 @@ def test_a_url_that_is_not_http_is_unreachable_and_not_quoted() -> None:
     async def test() -> None:
         for url in ("ftp://key@127.0.0.1/x", "127.0.0.1:8000", "http:///x"):
             with pytest.raises(UpstreamUnreachable, match="http") as caught:
-                await Upstream().post(url, b"", {})
+                async with Upstream().post(url, b"", {}):
+                    pass
             assert "127.0.0.1" not in str(caught.value) and "key" not in str(caught.value)
 
     _run(test)
@@ -379,11 +383,11 @@ def test_a_reused_connection_the_worker_closes_unanswered_is_retried_once_on_a_n
         upstream = Upstream()
         try:
             for body in (b"first", b"second"):
-                async with await upstream.post(f"http://127.0.0.1:{port}/", body, {}) as r:
+                async with upstream.post(f"http://127.0.0.1:{port}/", body, {}) as r:
                     assert await r.read() == body
             # The retried leg's connection is the one kept alive now.
             server.close()
-            async with await upstream.post(f"http://127.0.0.1:{port}/", b"third", {}) as r:
+            async with upstream.post(f"http://127.0.0.1:{port}/", b"third", {}) as r:
                 assert await r.read() == b"third"
         finally:
             upstream.close()
@@ -413,7 +417,7 @@ def test_a_new_connection_the_worker_drops_is_a_disconnect_and_is_never_retried(
         upstream = Upstream()
         try:
             with pytest.raises(UpstreamDisconnected):
-                async with await upstream.post(f"http://127.0.0.1:{port}/", b"x", {}) as r:
+                async with upstream.post(f"http://127.0.0.1:{port}/", b"x", {}) as r:
                     await r.read()
         finally:
             upstream.close()
@@ -440,7 +444,7 @@ def test_leaving_an_answer_unread_closes_its_connection() -> None:
         upstream = Upstream()
 
         async def leave_early() -> None:
-            async with await upstream.post(f"http://127.0.0.1:{port}/", b"x", {}) as r:
+            async with upstream.post(f"http://127.0.0.1:{port}/", b"x", {}) as r:
                 assert await r.__anext__() == b"a"
                 await asyncio.sleep(30)
 
@@ -501,7 +505,7 @@ def test_an_https_worker_is_called_over_tls_and_its_certificate_is_checked(
             monkeypatch.setenv("SSL_CERT_FILE", str(cert))
         upstream = Upstream()
         try:
-            async with await upstream.post(f"https://127.0.0.1:{port}/echo", b"tls", {}) as r:
+            async with upstream.post(f"https://127.0.0.1:{port}/echo", b"tls", {}) as r:
                 return await r.read()
         finally:
             upstream.close()

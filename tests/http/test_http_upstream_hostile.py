@@ -73,7 +73,7 @@ async def _leg(script: Script, limits: Limits = LIMITS) -> tuple[int, bytes]:
     try:
 
         async def call() -> tuple[int, bytes]:
-            async with await upstream.post(f"http://127.0.0.1:{port}/v1", b"{}", {}) as r:
+            async with upstream.post(f"http://127.0.0.1:{port}/v1", b"{}", {}) as r:
                 return r.status, await r.read()
 
         return await asyncio.wait_for(call(), BOUND)

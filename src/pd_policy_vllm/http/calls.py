@@ -109,7 +109,7 @@ async def post_json(
             data = body.chunks()
         else:
             data = body if isinstance(body, bytes) else dumps(body)
-        async with await upstream.post(url, data, headers) as r:
+        async with upstream.post(url, data, headers) as r:
             if r.status != 200:
                 raise await worker_error(leg, r, upstream.redactor)
             raw = await r.read()

@@ -37,6 +37,7 @@ from pd_policy import (
 )
 from pd_policy_vllm.http.aio import access_logger, aiohttp, web
 from pd_policy_vllm.http.auth import Keys, read_keys
+from pd_policy_vllm.http.client_gate import GatedRunner
 from pd_policy_vllm.http.flags import (
     admin_hosts,
     client_uuids,
@@ -212,18 +213,31 @@ def _configured(
     return fleet, keys, remote, hosts
 
 
-def _run(args: argparse.Namespace, proxy: Proxy) -> None:
-    web.run_app(
+async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
+    # web.run_app's own runner, made where nothing reaches its sites' protocol factory,
+    # cannot have the client gate in front of each connection: this is run_app's run,
+    # with a GatedRunner. The signals end the wait, not the loop, so that the runner's
+    # cleanup drains the requests in flight before anything is cancelled.
+    loop, stop = asyncio.get_running_loop(), asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    runner = GatedRunner(
         proxy.app(),
-        host=args.host,
-        port=args.port,
-        print=None,
+        proxy.front_door,
         handler_cancellation=True,
         access_log=access_logger if args.access_log else None,
         shutdown_timeout=DRAIN_SECONDS,
-        reuse_port=args.processes > 1,
-        **proxy.front_door.server_args(),
     )
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, args.host, args.port, reuse_port=args.processes > 1).start()
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _run(args: argparse.Namespace, proxy: Proxy) -> None:
+    asyncio.run(_serve(args, proxy))
 
 
 def _processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:

@@ -8,14 +8,18 @@ uuids to its tenant, and, for the Responses API, makes its chat equivalent: an
 
 A client that trickles its request holds a connection, and the memory of what it sent,
 for as long as the proxy waits for it (slowloris). So each part of a request has a
-deadline:
+deadline, and the connections themselves a cap
+([`client_gate`][pd_policy_vllm.http.client_gate] applies the first two):
 
-- its head (request line and headers): ``header_timeout`` seconds from the moment the
-  connection opens, or from the end of the last response on it. ``aiohttp``'s server has
-  no timer of its own for the head; its keep-alive timer is armed at exactly those two
-  moments and closes the connection if no whole head has arrived when it fires, so it is
-  that timer, set to ``header_timeout`` (which is thus also how long an idle keep-alive
-  connection is kept: set it above a balancer's idle timeout in front of the proxy);
+- its connection: at most ``max_connections`` client connections are open at once; one
+  past them is answered 503 ``pd_overloaded`` and closed before its request is read;
+- its head (request line and headers): ``header_timeout`` seconds from its first byte,
+  or the connection is closed;
+- the wait for its first byte: ``keepalive_timeout`` seconds from the moment the
+  connection opens, or from the end of the last response on it (``aiohttp``'s keep-alive
+  timer, which closes a connection with no whole head when it fires). It is how long an
+  idle keep-alive connection is kept: set it above the idle timeout of a balancer in
+  front of the proxy, so that the balancer, not the proxy, closes an idle connection;
 - its body: ``body_timeout`` seconds for the whole of it, from the end of the head, so
   that a client sending a byte now and then cannot hold it either; past it the client
   gets a 408 and the connection is closed;
@@ -56,6 +60,8 @@ from pd_policy_vllm.openai.wire.skim import skim
 __all__ = [
     "BODY_TIMEOUT",
     "HEADER_TIMEOUT",
+    "KEEPALIVE_TIMEOUT",
+    "MAX_CLIENT_CONNECTIONS",
     "FrontDoor",
     "Incoming",
     "admit",
@@ -64,9 +70,21 @@ __all__ = [
     "refusal",
 ]
 logger = logging.getLogger("pd_policy_vllm.http")
-#: Seconds for a request's head, by default: generous for any client, and above the idle
-#: timeouts balancers close their own connections at (60 s for most).
-HEADER_TIMEOUT: Final = 75.0
+#: Seconds for a request's head once its first byte came, by default. A head is a few
+#: KiB that a client sends in one write: 10 s is ample on any link, where node (60 s),
+#: nginx (60 s) and hyper (30 s, with a timer: axum's ``serve``, SMG's, sets none) leave
+#: a trickling client a minute, and uvicorn (vllm serve) no bound at all.
+HEADER_TIMEOUT: Final = 10.0
+#: Seconds an idle keep-alive connection is kept, by default: nginx's 75 s, above the
+#: 60 s balancers close their own idle connections at, so that the proxy never closes
+#: one a balancer is about to reuse (uvicorn's and vllm serve's 5 s suit a server that
+#: clients reach directly, not one behind a balancer).
+KEEPALIVE_TIMEOUT: Final = 75.0
+#: Client connections one proxy process holds at once, by default: the streams of a
+#: fleet of about eight decode workers at vLLM's 256 sequences each. A stream whose
+#: client stopped reading costs the proxy about half a MiB (the legs' window, one read
+#: of a socket, aiohttp's write buffer): about 1 GiB were every connection one.
+MAX_CLIENT_CONNECTIONS: Final = 2048
 #: Seconds for a whole body, by default: 256 MiB at about 1 MB/s.
 BODY_TIMEOUT: Final = 300.0
 
@@ -84,11 +102,15 @@ class FrontDoor:
     max_body: int = attrs.field(default=MAX_BODY, validator=_positive)
     header_timeout: float = attrs.field(default=HEADER_TIMEOUT, validator=_positive)
     body_timeout: float = attrs.field(default=BODY_TIMEOUT, validator=_positive)
+    keepalive_timeout: float = attrs.field(default=KEEPALIVE_TIMEOUT, validator=_positive)
+    max_connections: int = attrs.field(default=MAX_CLIENT_CONNECTIONS, validator=_positive)
 
     def server_args(self) -> dict[str, Any]:
-        """The keywords of ``web.run_app`` and ``web.AppRunner`` that apply these limits
-        to the server (the application's own is its ``client_max_size``)."""
-        return {"keepalive_timeout": self.header_timeout}
+        """The keywords of ``web.AppRunner`` that apply these limits to ``aiohttp``'s
+        server (the application's own is its ``client_max_size``; the connections' cap
+        and the heads' deadline are a [`GatedRunner`][
+        pd_policy_vllm.http.client_gate.GatedRunner]'s, which passes these on)."""
+        return {"keepalive_timeout": self.keepalive_timeout}
 
 
 def error_response(error: PolicyError) -> web.Response:

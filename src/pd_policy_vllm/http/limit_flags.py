@@ -10,7 +10,13 @@ from __future__ import annotations
 import argparse
 import ipaddress
 
-from pd_policy_vllm.http.front_door import BODY_TIMEOUT, HEADER_TIMEOUT, FrontDoor
+from pd_policy_vllm.http.front_door import (
+    BODY_TIMEOUT,
+    HEADER_TIMEOUT,
+    KEEPALIVE_TIMEOUT,
+    MAX_CLIENT_CONNECTIONS,
+    FrontDoor,
+)
 from pd_policy_vllm.http.media.guard import (
     MEDIA_MAX_BYTES,
     MEDIA_MAX_REDIRECTS,
@@ -93,9 +99,23 @@ def add_limit_flags(cli: argparse.ArgumentParser) -> None:
         "--header-timeout",
         type=positive,
         default=HEADER_TIMEOUT,
-        help="seconds a client has to send a request's headers, from its connection's "
-        "start or the end of its last response: also how long an idle connection is kept "
-        "(75)",
+        help="seconds a client has to send a request's headers once their first byte came: "
+        f"the connection is closed after ({HEADER_TIMEOUT:g})",
+    )
+    add(
+        "--keepalive-timeout",
+        type=positive,
+        default=KEEPALIVE_TIMEOUT,
+        help="seconds an idle client connection is kept, from its start or the end of its "
+        "last response, for a request to begin: keep it above a balancer's idle timeout "
+        f"({KEEPALIVE_TIMEOUT:g})",
+    )
+    add(
+        "--max-client-connections",
+        type=lambda v: count(v, 1),
+        default=MAX_CLIENT_CONNECTIONS,
+        help="client connections open at once (per process): one past them is answered "
+        f"503 pd_overloaded and closed before its request is read ({MAX_CLIENT_CONNECTIONS})",
     )
     add(
         "--body-timeout",
@@ -154,6 +174,8 @@ def front_door(args: argparse.Namespace) -> FrontDoor:
         max_body=int(args.max_body_mib * 2**20),
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
+        keepalive_timeout=args.keepalive_timeout,
+        max_connections=args.max_client_connections,
     )
 
 

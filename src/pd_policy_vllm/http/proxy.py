@@ -73,9 +73,10 @@ class Proxy:
     ``aiohttp`` session (probes, models, fetched media), ``observers`` to the legs' client
     ([`Upstream`][pd_policy_vllm.http.upstream.Upstream]; tests record legs with them).
     ``log_requests``: one JSON line a request on the ``pd_policy_vllm.http.requests`` logger.
-    ``front_door``: the limits on clients' bodies and their time
-    ([`FrontDoor`][pd_policy_vllm.http.front_door.FrontDoor]; its ``server_args`` go to
-    the server that runs [`app`][pd_policy_vllm.http.proxy.Proxy.app]). ``limits``: the
+    ``front_door``: the limits on clients: their connections, bodies and time
+    ([`FrontDoor`][pd_policy_vllm.http.front_door.FrontDoor]; the connections' are applied
+    by running [`app`][pd_policy_vllm.http.proxy.Proxy.app] with a [`GatedRunner`][
+    pd_policy_vllm.http.client_gate.GatedRunner], as the CLI does). ``limits``: the
     bounds on the workers' answers ([`Limits`][pd_policy_vllm.http.upstream.Limits]).
     ``client_uuids``: a client's media ``uuid`` is scoped to its tenant, or trusted
     ([`ClientUuids`][pd_policy.uuid_scope.ClientUuids]). ``media_limits``: the proxy's own

@@ -121,7 +121,7 @@ class DecodeRelay:
         data = dumps(leg.body)
         self.sent = len(data)
         try:
-            async with await upstream.post(url + leg.route, data, headers) as up:
+            async with upstream.post(url + leg.route, data, headers) as up:
                 if up.status != 200:
                     raise await worker_error("decode", up, self._redactor)
                 if not stream:

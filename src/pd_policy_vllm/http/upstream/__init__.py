@@ -4,7 +4,6 @@
 ([`limits`][pd_policy_vllm.http.upstream.limits])."""
 
 from .client import Observer, Upstream
-from .connection import Response
 from .errors import (
     UpstreamDisconnected,
     UpstreamProtocolError,
@@ -12,6 +11,7 @@ from .errors import (
     UpstreamUnreachable,
 )
 from .limits import DEFAULT_LIMITS, Limits
+from .response import Response
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -8,7 +8,12 @@ from the client's buffer to the socket without being joined first.
 A worker takes at most ``max_connections`` legs at once from this client (see
 [`Limits`][pd_policy_vllm.http.upstream.limits.Limits]); a leg past it waits, in
 order, for one to end, and fails as unreachable if none does within the queue
-timeout. A leg holds its slot from ``post`` until its response is closed.
+timeout. A leg holds its slot, and its connection, only within its ``async with``
+block: both are taken as the block is entered and given back as it is left, however it
+is left (an error, a cancellation at any await: queued, handed a slot, connecting,
+waiting for the head, reading the body). No object outlives the block holding either:
+an answer handed out of a coroutine that is then cancelled before its block would hold
+them for good, so there is no such answer.
 
 A connection idle in the pool may have been closed by the worker (uvicorn closes
 idle ones after 5 s). A request on a reused connection that fails before any byte of
@@ -21,11 +26,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import functools
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
@@ -33,9 +37,10 @@ from pd_policy import InvalidConfiguration
 from pd_policy.authority import split_host_port, url_host
 from pd_policy_vllm.http.redact import Redactor
 
-from .connection import Connection, Response
+from .connection import Connection, Head
 from .errors import UpstreamDisconnected, UpstreamUnreachable
 from .limits import DEFAULT_LIMITS, Limits
+from .response import Response
 
 __all__ = ["Observer", "Response", "Upstream"]
 
@@ -153,12 +158,13 @@ class Upstream:
             tls = self._tls = self._tls or ssl.create_default_context()
         limits = self.limits
         try:
-            _, connection = await asyncio.wait_for(
-                loop.create_connection(
+            # Not wait_for: on Python 3.11 it runs the connect as a task of its own, and
+            # returns its connection when a cancellation comes as it ends, the
+            # cancellation lost (the leg then goes on, its slot held, for a client gone).
+            async with asyncio.timeout(limits.connect_timeout):
+                _, connection = await loop.create_connection(
                     lambda: Connection(limits), target.host, target.port, ssl=tls
-                ),
-                limits.connect_timeout,
-            )
+                )
         except (TimeoutError, OSError) as exc:
             raise UpstreamUnreachable(f"no connection ({type(exc).__name__})") from None
         return connection
@@ -173,22 +179,54 @@ class Upstream:
             connection.close()
         return None
 
+    @contextlib.asynccontextmanager
     async def post(
         self, url: str, body: Sequence[bytes | memoryview] | bytes, headers: Mapping[str, str]
-    ) -> Response:
-        """POST ``body`` (bytes, or parts sent in order) with ``headers`` to ``url``, and
-        return the worker's answer once its head has come back. Raises
-        ``UpstreamUnreachable`` when no connection can be made, ``UpstreamDisconnected``
-        or ``UpstreamProtocolError`` when the worker fails before its head is whole
-        (``UpstreamUnreachable`` too for a URL that is not ``http``/``https``, and when
-        no connection to the worker frees within the queue timeout), ``UpstreamTimeout``
-        when the head does not come within the read timeout, and ``ValueError`` for a
-        header that holds a line break."""
+    ) -> AsyncIterator[Response]:
+        """``async with upstream.post(url, body, headers) as response``: POST ``body``
+        (bytes, or parts sent in order) with ``headers`` to ``url`` as the block is
+        entered, and give the worker's answer to the block once its head has come back;
+        its connection goes back to its pool, or is closed, as the block is left.
+
+        Entering raises ``UpstreamUnreachable`` when no connection can be made (or none
+        to the worker frees within the queue timeout, or the URL is not ``http`` or
+        ``https``), ``UpstreamDisconnected`` or ``UpstreamProtocolError`` when the worker
+        fails before its head is whole, ``UpstreamTimeout`` when the head does not come
+        within the read timeout, and ``ValueError`` for a header that holds a line
+        break."""
         if self.closed:
             raise UpstreamUnreachable("the proxy's client is closed")
         target = self._target(url)
         parts: Sequence[bytes | memoryview] = [body] if isinstance(body, bytes) else body
-        size = sum(len(p) for p in parts)
+        head = self._head(target, parts, headers)
+        for observer in self.observers:
+            observer(url, b"".join(parts))
+        pool = self._pools.get(target.origin)
+        if pool is None:
+            pool = self._pools[target.origin] = _Pool()
+        await pool.take(self.limits)
+        try:
+            connection, answer = await self._send(target, pool, head, parts)
+        except BaseException:
+            pool.give()
+            raise
+        reusable = False
+        try:
+            yield Response(connection, answer)
+            reusable = connection.reusable
+        finally:
+            # The block's end, however it came: the connection back to its pool when
+            # read to its end, and the slot to the next leg waiting.
+            if reusable and not self.closed:
+                pool.idle.append((time.monotonic(), connection))
+            else:
+                connection.close()
+            pool.give()
+
+    @staticmethod
+    def _head(
+        target: _Target, parts: Sequence[bytes | memoryview], headers: Mapping[str, str]
+    ) -> bytes:
         lines = [target.prefix]
         if target.authorization is not None:
             lines.append(f"Authorization: {target.authorization}\r\n".encode("latin-1"))
@@ -200,50 +238,29 @@ class Upstream:
                 if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
                     raise ValueError("a header of a leg holds a line break")
                 lines.append(f"{name}: {value}\r\n".encode("utf-8", "surrogateescape"))
+        size = sum(len(p) for p in parts)
         lines.append(f"Content-Length: {size}\r\n\r\n".encode("latin-1"))
-        head = b"".join(lines)
-        for observer in self.observers:
-            observer(url, b"".join(parts))
-        pool = self._pools.get(target.origin)
-        if pool is None:
-            pool = self._pools[target.origin] = _Pool()
-        await pool.take(self.limits)
-        try:
-            return await self._send(target, pool, head, parts)
-        except BaseException:
-            pool.give()
-            raise
+        return b"".join(lines)
 
     async def _send(
         self, target: _Target, pool: _Pool, head: bytes, parts: Sequence[bytes | memoryview]
-    ) -> Response:
+    ) -> tuple[Connection, Head]:
         connection = self._idle(pool)
         reused = connection is not None
         while True:
             if connection is None:
                 connection = await self._connect(target)
-            connection.request(head, parts)
             try:
-                answer = await connection.head()
+                connection.request(head, parts)
+                return connection, await connection.head()
             except UpstreamDisconnected:
                 connection.close()
                 if not reused or connection.heard:
                     raise
                 connection, reused = None, False
-                continue
             except BaseException:
                 connection.close()
                 raise
-            return Response(connection, answer, functools.partial(self._release, pool))
-
-    def _release(self, pool: _Pool, connection: Connection, reusable: bool) -> None:
-        # A response ends: its connection back to its pool when read to its end, and its
-        # slot to the next leg waiting.
-        if reusable and not self.closed:
-            pool.idle.append((time.monotonic(), connection))
-        else:
-            connection.close()
-        pool.give()
 
     def close(self) -> None:
         """Close every pooled connection; later posts raise ``UpstreamUnreachable``."""

@@ -17,17 +17,21 @@ a ``Transfer-Encoding`` other than ``chunked`` (a coding it never asked for), an
 upgrade, and the time a worker may stay silent. 1xx answers are read past.
 
 The body is handed on as it arrives, decoded from chunks, to one reader at a time (its
-[`Response`][pd_policy_vllm.http.upstream.connection.Response]). A connection serves one
-request at a time and goes back to its pool when its response has been read to the end
-and the server did not ask to close it. Any fault closes it: its framing is not trusted.
+[`Response`][pd_policy_vllm.http.upstream.response.Response]), at the reader's pace:
+past ``WINDOW_HIGH`` bytes not yet taken the connection stops reading its socket, and
+reads again once the reader has taken them down to ``WINDOW_LOW``. A reader that stops
+(a client that stopped reading its stream) thus stops the worker, whose writes wait on
+the sockets, and holds a window of the body, never the whole answer. A connection serves
+one request at a time and goes back to its pool when its response has been read to the
+end and the server did not ask to close it. Any fault closes it: its framing is not
+trusted.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Sequence
-from types import TracebackType
+from collections.abc import Sequence
 from typing import Final
 
 import httptools
@@ -35,7 +39,7 @@ import httptools
 from .errors import UpstreamDisconnected, UpstreamProtocolError, UpstreamTimeout
 from .limits import Limits
 
-__all__ = ["Connection", "Head", "Response"]
+__all__ = ["WINDOW_HIGH", "WINDOW_LOW", "Connection", "Head"]
 
 _STATUS_START: Final = b"HTTP/"
 
@@ -44,6 +48,12 @@ _REASON_BYTES: Final = bytes([9, *range(0x20, 0x7F), *range(0x80, 0x100)])
 
 #: A first body part under this goes in the head's write.
 _SMALL: Final = 64 * 1024
+#: The body's bytes held for a reader that has not taken them, past which the connection
+#: stops reading its socket, and down to which the reader takes them before it reads
+#: again: asyncio's StreamReader's (twice its 64 KiB limit, and the limit). One read of
+#: the socket (256 KiB at most) may land past the high mark before the pause.
+WINDOW_HIGH: Final = 128 * 1024
+WINDOW_LOW: Final = 64 * 1024
 
 
 class Head:
@@ -65,6 +75,8 @@ class Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._head: Head | None = None
         self._body: deque[bytes] = deque()
+        self._buffered = 0  # the bytes in _body
+        self._paused = False  # the socket's reading, paused for the reader
         self._head_bytes = 0  # bytes read before the final head was whole
         self._head_size = 0  # the status lines' and headers' bytes, 1xx answers' too
         self._body_bytes = 0
@@ -122,6 +134,11 @@ class Connection(asyncio.Protocol):
         if self._body_bytes > self.limits.max_response_bytes:
             raise UpstreamProtocolError("the worker's answer is over the response-size cap")
         self._body.append(body)
+        self._buffered += len(body)
+        if self._buffered > WINDOW_HIGH and not self._paused and self.transport is not None:
+            # The reader is behind: the worker's bytes wait in the sockets, not here.
+            self._paused = True
+            self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
         if self._head is None:
@@ -204,11 +221,17 @@ class Connection(asyncio.Protocol):
 
     # --- the caller's side ----------------------------------------------------------
 
+    def _resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            if self.transport is not None:
+                self.transport.resume_reading()
+
     @property
     def reusable(self) -> bool:
         """Read to its end, with no close asked for or seen."""
         head, whole = self._head, self._done and not self._closed and self._lost is None
-        return whole and head is not None and not head.close
+        return whole and not self._body and head is not None and not head.close
 
     def request(self, head: bytes, body: Sequence[bytes | memoryview]) -> None:
         """Write a request: its head, then its body's parts, a write each (on Python 3.11
@@ -220,6 +243,8 @@ class Connection(asyncio.Protocol):
         self._codings, self._length = [], None
         self.heard = False
         self._body.clear()
+        self._buffered = 0
+        self._resume()
         write = self.transport.write
         if body and len(body[0]) < _SMALL:
             write(head + body[0])
@@ -258,7 +283,11 @@ class Connection(asyncio.Protocol):
             if self._lost is not None:
                 raise self._lost
             await self._wait(self.limits.read_timeout)
-        return self._body.popleft()
+        piece = self._body.popleft()
+        self._buffered -= len(piece)
+        if self._buffered <= WINDOW_LOW:
+            self._resume()
+        return piece
 
     async def read_all(self) -> bytes:
         """The rest of the body."""
@@ -272,39 +301,3 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self._closed:
             self.transport.close()
         self._closed = True
-
-
-class Response:
-    """A worker's answer on ``connection``: its status, then its body, whole or piece by
-    piece. As an async context manager it hands the connection back at its end
-    (``release(connection, reusable)``: reusable when read to its end)."""
-
-    __slots__ = ("_connection", "_release", "status")
-
-    def __init__(
-        self, connection: Connection, head: Head, release: Callable[[Connection, bool], None]
-    ) -> None:
-        self._connection, self._release = connection, release
-        self.status = head.status
-
-    async def read(self) -> bytes:
-        """The whole body (what is left of it)."""
-        return await self._connection.read_all()
-
-    def __aiter__(self) -> Response:
-        return self
-
-    async def __anext__(self) -> bytes:
-        piece = await self._connection.read()
-        if not piece:
-            raise StopAsyncIteration
-        return piece
-
-    async def __aenter__(self) -> Response:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        connection = self._connection
-        self._release(connection, kind is None and connection.reusable)
