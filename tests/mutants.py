@@ -648,6 +648,20 @@ MUTANTS: Final = (
         ("tests/grpc/test_grpc_kv_routing.py",),
     ),
     Mutant(
+        "the front door does not check a request's media items against the cap",
+        "pd_policy_vllm/http/front_door.py",
+        "    check_media_items(count_media_items(body, most + 1), most)\n",
+        "    count_media_items(body, most + 1)\n",
+        ("tests/http/test_http_media_items_cap.py",),
+    ),
+    Mutant(
+        "the front door counts every media item of a request past the cap",
+        "pd_policy_vllm/openai/media/parts.py",
+        "                    if found >= most:\n                        return found\n",
+        "",
+        ("tests/http/test_http_media_items_cap.py",),
+    ),
+    Mutant(
         "a live batch the replay already applied is applied again as a restart",
         "pd_policy_vllm/kv_events/feed.py",
         "            if seq <= self._replayed_to:",

@@ -22,6 +22,13 @@ deadline:
 - its size: ``max_body`` bytes, a 413 above (before it is read, when it declares its
   length).
 
+Once parsed, its media items are counted (up to the cap and one: the rest is never
+read) and a request of more than ``max_media_items`` is refused (400
+``pd_too_many_media_items``) before any work on each item: its uuids scoped, its chat
+equivalent made, its items read, hashed or placed. Each of those is Python on the
+proxy's one event loop, and a body of 200 000 tiny images would hold every other client
+for seconds.
+
 Refusals are the OpenAI error body of the error, with its status and error-code header
 ([`refusal`][pd_policy_vllm.http.front_door.refusal]).
 """
@@ -35,7 +42,9 @@ from typing import Any, Final
 import attrs
 
 from pd_policy import BodyTooLarge, ClientTooSlow, ClientUuids, PolicyError
+from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS, check_media_items
 from pd_policy_vllm.http.aio import web
+from pd_policy_vllm.openai.media.parts import count_media_items
 from pd_policy_vllm.openai.media.tenant import scoped_body
 from pd_policy_vllm.openai.plan.legs import Leg
 from pd_policy_vllm.openai.plan.request import Route
@@ -72,6 +81,7 @@ class FrontDoor:
     is not positive."""
 
     max_body: int = attrs.field(default=MAX_BODY, validator=_positive)
+    max_media_items: int = attrs.field(default=DEFAULT_MAX_MEDIA_ITEMS, validator=_positive)
     header_timeout: float = attrs.field(default=HEADER_TIMEOUT, validator=_positive)
     body_timeout: float = attrs.field(default=BODY_TIMEOUT, validator=_positive)
 
@@ -156,10 +166,13 @@ async def admit(
     docs): ``keyed`` when the proxy checks clients' keys (its bearer key is then one of
     its tenant's names); ``served_as`` is the client's route when it is another API
     planned as ``route``. Raises the refusals of reading and parsing the body (413, 408,
-    400)."""
+    400), and [`TooManyMediaItems`][pd_policy.client_errors.TooManyMediaItems] (400)."""
     raw = await client_body(request, door)
     # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
     body = skim(raw) if route is Route.CHAT and served_as is None else loads(raw)
+    # Before any work on each item, the tenant's scoping included.
+    most = door.max_media_items
+    check_media_items(count_media_items(body, most + 1), most)
     stream = isinstance(body, dict) and bool(body.get("stream"))
     authorization = request.headers.get("Authorization")
     body, spliceable = scoped_body(body, raw, authorization, keyed=keyed, mode=uuids)
