@@ -145,7 +145,16 @@ def _check_hop(url: str, rules: MediaFetchRules, limits: MediaLimits, param: str
     # it connects, the one check a changing DNS answer cannot pass.
     if check_media_url(url, rules, param=param) is not MediaSource.REMOTE:
         raise MediaRefused("a redirect left http(s)", param=param)
-    address = host_address(urlsplit(url).hostname or "")
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        # The proxy fetches for every tenant and holds no one's secret: a URL's
+        # credentials would be sent on (and aiohttp would send them as Basic auth).
+        raise MediaRefused(
+            "a media URL carrying credentials is not fetched: send the media inline, as a "
+            "data: URL",
+            param=param,
+        )
+    address = host_address(parts.hostname or "")
     if address is not None and limits.refuses(address):
         raise _not_public(param)
 
