@@ -690,6 +690,51 @@ MUTANTS: Final = (
         ("tests/http/test_http_media_isolation.py",),
     ),
     Mutant(
+        "a data URL's digest is memoized by its text's head, not on the item itself",
+        "pd_policy_vllm/openai/wire/data_url.py",
+        "        if self._sha256 is None:\n"
+        "            self._sha256 = hashlib.sha256(self.view).hexdigest()\n"
+        "        return self._sha256\n",
+        "        memo = globals().setdefault('_MEMO', {})\n"
+        "        return memo.setdefault(self.head(), hashlib.sha256(self.view).hexdigest())\n",
+        ("tests/http/test_http_media_digests.py", "tests/http/test_http_proxy_media.py"),
+    ),
+    Mutant(
+        "pinned media is memoized by the remote URL's text, across requests",
+        "pd_policy_vllm/http/planning.py",
+        "            attempt.fetches = Fetches(Budget(self.fetch_budget))",
+        "            attempt.fetches = globals().setdefault('_F', Fetches(Budget(1 << 40)))",
+        ("tests/http/test_http_media_digests.py", "tests/http/test_http_media_fetch_once.py"),
+    ),
+    Mutant(
+        "a request's large media items are hashed on the event loop",
+        "pd_policy_vllm/http/front_door.py",
+        "        body = await asyncio.to_thread(work)",
+        "        body = work()",
+        ("tests/http/test_http_media_digests.py",),
+    ),
+    Mutant(
+        "remote media is fetched again on every attempt",
+        "pd_policy_vllm/http/planning.py",
+        "        if attempt.fetches is None:\n",
+        "        if True:\n",
+        ("tests/http/test_http_media_fetch_once.py",),
+    ),
+    Mutant(
+        "an item fetched for one prefill is sent to another without its rules",
+        "pd_policy_vllm/http/media/pinning.py",
+        "            recheck(kept, part, rules, limits)\n",
+        "            pass\n",
+        ("tests/http/test_http_media_fetch_once.py",),
+    ),
+    Mutant(
+        "a request's media fetches together are not bounded",
+        "pd_policy_vllm/http/media/fetch.py",
+        "        if self.left < 0:",
+        "        if False:",
+        ("tests/http/test_http_media_fetch_once.py",),
+    ),
+    Mutant(
         "a live batch the replay already applied is applied again as a restart",
         "pd_policy_vllm/kv_events/feed.py",
         "            if seq <= self._replayed_to:",

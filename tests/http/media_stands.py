@@ -4,9 +4,9 @@ client port it came from), and what each worker received.
 
 The media host's routes: ``/frame`` serves new bytes on each request; ``/set-cookie``
 sets a session cookie as a host a tenant logged in to would; ``/to-frame`` redirects to
-``/frame`` (on ``localhost``, a second name for the same host); ``/big/{n}`` serves
-``n`` bytes. ``localhost`` is the name to fetch by: a cookie jar takes no cookie from
-an address.
+``/frame``, and ``/to-localhost`` to it on ``localhost`` (a second name for the same
+host); ``/big/{n}`` serves ``n`` bytes. ``localhost`` is the name to fetch by: a cookie
+jar takes no cookie from an address.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class MediaHost:
         app.router.add_get("/frame", self.frame)
         app.router.add_get("/set-cookie", self.set_cookie)
         app.router.add_get("/to-frame", self.to_frame)
+        app.router.add_get("/to-localhost", self.to_localhost)
         app.router.add_get("/big/{n}", self.big)
         app.middlewares.append(self.record)
         return app
@@ -76,19 +77,24 @@ class MediaHost:
     async def to_frame(self, request: web.Request) -> web.Response:
         raise web.HTTPFound("/frame")
 
+    async def to_localhost(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound(f"http://localhost:{request.url.port}/frame")
+
     async def big(self, request: web.Request) -> web.Response:
         return web.Response(body=b"x" * int(request.match_info["n"]), content_type="image/png")
 
 
 @attrs.frozen
 class Served:
-    """A proxy over stand-ins, and the media host it fetches from (at ``media``)."""
+    """A proxy over stand-ins, and the media host it fetches from (at ``media``, by the
+    name ``localhost``)."""
 
     url: str
     media: str
     host: MediaHost
     prefills: list[Stand]
     decodes: list[Stand]
+    proxy: Proxy
 
 
 @contextlib.asynccontextmanager
@@ -119,7 +125,8 @@ async def media_proxy(
                       media_limits=limits, log_requests=False, front_door=door,
                       attempts=attempts)  # fmt: skip
         url = await stack.enter_async_context(serving(proxy.app()))
-        yield Served(url, media.replace("127.0.0.1", "localhost"), host, prefills, decodes)
+        media = media.replace("127.0.0.1", "localhost")
+        yield Served(url, media, host, prefills, decodes, proxy)
 
 
 def chat(*urls: str, salt: str | None = None) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 from fleet_stands import stands
 
+from pd_policy import forwarded_uuid
 from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS
 from pd_policy_vllm.http.flags import front_door, parser
 from pd_policy_vllm.http.fleet.members import Fleet
@@ -89,7 +90,7 @@ def test_the_default_cap_is_the_cores() -> None:
 def test_no_uuid_of_a_refused_request_is_scoped(monkeypatch: pytest.MonkeyPatch) -> None:
     # Scoping hashes each uuid with the tenant: per-item work, after the count.
     scoped: list[str] = []
-    real = tenant.forwarded_uuid
+    real = forwarded_uuid
 
     def counting(uuid: str, *args: Any) -> str:
         scoped.append(uuid)

@@ -2,8 +2,10 @@
 
 [`admit`][pd_policy_vllm.http.front_door.admit] takes a client the proxy let in (its key
 checked first: [`Keys`][pd_policy_vllm.http.auth.Keys]), reads its body within the limits
-below, parses it (a chat body with its data URLs left in its bytes), scopes its media
-uuids to its tenant, and, for the Responses API, makes its chat equivalent: an
+below, parses it (a chat body with its data URLs left in its bytes), counts its media
+items, scopes their uuids to its tenant, for the Responses API makes its chat
+equivalent, and hashes its large items in a worker thread
+([`digests`][pd_policy_vllm.openai.media.digests]): an
 [`Incoming`][pd_policy_vllm.http.front_door.Incoming] request, or a typed refusal.
 
 A client that trickles its request holds a connection, and the memory of what it sent,
@@ -35,6 +37,7 @@ Refusals are the OpenAI error body of the error, with its status and error-code 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable
 from typing import Any, Final
@@ -44,6 +47,7 @@ import attrs
 from pd_policy import BodyTooLarge, ClientTooSlow, ClientUuids, PolicyError
 from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS, check_media_items
 from pd_policy_vllm.http.aio import web
+from pd_policy_vllm.openai.media.digests import hashing
 from pd_policy_vllm.openai.media.parts import count_media_items
 from pd_policy_vllm.openai.media.tenant import scoped_body
 from pd_policy_vllm.openai.plan.legs import Leg
@@ -182,5 +186,9 @@ async def admit(
         # client's own request, with what the chat leg carries.
         translate = functools.partial(responses_decode_leg, body)
         body, spliceable = chat_equivalent(body), None
+    work = hashing(body)
+    if work is not None:
+        # Its large items hashed in a thread: the plan finds their digests on them.
+        body = await asyncio.to_thread(work)
     path = served_as or route.value
     return Incoming(request_id, route, path, body, spliceable, stream, translate)
