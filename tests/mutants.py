@@ -735,6 +735,13 @@ MUTANTS: Final = (
         ("tests/http/test_http_media_fetch_once.py",),
     ),
     Mutant(
+        "a KV lookup names every block of a prompt however long",
+        "pd_policy_vllm/http/fleet/kv_routing.py",
+        "        prompt = prompt.leading(self.max_tokens)",
+        "        prompt = prompt.leading(1 << 62)",
+        ("tests/http/test_http_kv_lookup_bound.py",),
+    ),
+    Mutant(
         "a live batch the replay already applied is applied again as a restart",
         "pd_policy_vllm/kv_events/feed.py",
         "            if seq <= self._replayed_to:",
