@@ -742,6 +742,13 @@ MUTANTS: Final = (
         ("tests/http/test_http_kv_lookup_bound.py",),
     ),
     Mutant(
+        "a large client body is joined on the event loop",
+        "pd_policy_vllm/openai/wire/body.py",
+        '            return await asyncio.to_thread(b"".join, chunks)',
+        '            return b"".join(chunks)',
+        ("tests/http/test_http_body_join.py",),
+    ),
+    Mutant(
         "a live batch the replay already applied is applied again as a restart",
         "pd_policy_vllm/kv_events/feed.py",
         "            if seq <= self._replayed_to:",
