@@ -746,7 +746,14 @@ MUTANTS: Final = (
         "pd_policy_vllm/openai/wire/body.py",
         '            return await asyncio.to_thread(b"".join, chunks)',
         '            return b"".join(chunks)',
-        ("tests/http/test_http_body_join.py",),
+        ("tests/http/test_http_door_fairness.py",),
+    ),
+    Mutant(
+        "the front door parses a body with the cycle collector on",
+        "pd_policy_vllm/http/front_door.py",
+        "    gc.disable()\n",
+        "",
+        ("tests/http/test_http_door_fairness.py",),
     ),
     Mutant(
         "a live batch the replay already applied is applied again as a restart",
