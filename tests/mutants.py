@@ -650,8 +650,8 @@ MUTANTS: Final = (
     Mutant(
         "the front door does not check a request's media items against the cap",
         "pd_policy_vllm/http/front_door.py",
-        "    check_media_items(count_media_items(body, most + 1), most)\n",
-        "    count_media_items(body, most + 1)\n",
+        "        check_media_items(count_media_items(body, most + 1), most)\n",
+        "        count_media_items(body, most + 1)\n",
         ("tests/http/test_http_media_items_cap.py",),
     ),
     Mutant(
@@ -752,6 +752,13 @@ MUTANTS: Final = (
         "the front door parses a body with the cycle collector on",
         "pd_policy_vllm/http/front_door.py",
         "    gc.disable()\n",
+        "",
+        ("tests/http/test_http_door_fairness.py",),
+    ),
+    Mutant(
+        "skim looks at every data: string of a body, however many",
+        "pd_policy_vllm/openai/wire/skim.py",
+        "        if looked > most:\n            return []\n",
         "",
         ("tests/http/test_http_door_fairness.py",),
     ),

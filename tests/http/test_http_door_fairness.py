@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 from typing import Any
 
@@ -24,6 +25,9 @@ from pd_policy_vllm.http import front_door
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.openai.wire.body import read_body
+from pd_policy_vllm.openai.wire.codec import loads
+from pd_policy_vllm.openai.wire.data_url import DataUrl
+from pd_policy_vllm.openai.wire.skim import SKIM_MOST, skim
 
 
 def _read(size: int, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, bytes, list[Any]]:
@@ -86,3 +90,16 @@ def test_the_body_is_parsed_without_the_cycle_collector(
     assert gc.isenabled()
     asyncio.run(main())
     assert collecting == [False] and gc.isenabled()
+
+
+def test_a_body_of_more_data_strings_than_skim_looks_at_is_parsed_whole() -> None:
+    # Each "data: string is a step in Python: past SKIM_MOST of them (no request holds
+    # so many items) the body is parsed as any other, the same value.
+    long = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 8192}}
+    tiny = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    for tinies, kept in ((SKIM_MOST - 1, True), (SKIM_MOST, False)):
+        raw = json.dumps({"messages": [{"role": "user", "content": [long] + [tiny] * tinies}]})
+        body = skim(raw.encode())
+        assert body == loads(raw.encode())
+        url = body["messages"][0]["content"][0]["image_url"]["url"]
+        assert isinstance(url, DataUrl) is kept

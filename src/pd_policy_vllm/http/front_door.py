@@ -135,6 +135,18 @@ def _no_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
+def _parsed(raw: bytes, *, skims: bool, most: int) -> Any:
+    # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
+    body = skim(raw) if skims else loads(raw)
+    # Counted before any work on each item, the tenant's scoping included.
+    try:
+        check_media_items(count_media_items(body, most + 1), most)
+    except PolicyError:
+        del body  # freed now, while the cycle collector is off: it has nothing to find
+        raise
+    return body
+
+
 async def _whole(request: web.Request, limit: int) -> bytes:
     # The application's client_max_size is the door's limit: the server refuses more.
     try:
@@ -188,12 +200,10 @@ async def admit(
     planned as ``route``. Raises the refusals of reading and parsing the body (413, 408,
     400), and [`TooManyMediaItems`][pd_policy.client_errors.TooManyMediaItems] (400)."""
     raw = await client_body(request, door)
-    # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
     with _no_cycle_collection():
-        body = skim(raw) if route is Route.CHAT and served_as is None else loads(raw)
-    # Before any work on each item, the tenant's scoping included.
-    most = door.max_media_items
-    check_media_items(count_media_items(body, most + 1), most)
+        body = _parsed(
+            raw, skims=route is Route.CHAT and served_as is None, most=door.max_media_items
+        )
     stream = isinstance(body, dict) and bool(body.get("stream"))
     authorization = request.headers.get("Authorization")
     body, spliceable = scoped_body(body, raw, authorization, keyed=keyed, mode=uuids)
