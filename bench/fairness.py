@@ -6,8 +6,10 @@ every other client waits for. So this bench runs ``pd-policy-proxy`` as a proces
 own in front of the stub workers (``bench/http_stubs.py``) and a media host (this
 script, ``--media-host``), drives one worst case at a time from a load process of its own
 (this script, ``--load``), and meanwhile asks the proxy for ``/health`` every 20 ms from
-this process, whose loop does nothing else. Each case's ``/health`` latency p50 and p99
-are reported as ratios to the same figures with the proxy idle, measured in the same run.
+this process, whose loop does nothing else: on a clock, whether or not the last probe
+was answered, so that a stall of seconds is as many slow probes as it lasts. Each
+case's ``/health`` latency p50 and p99 are reported as ratios to the same figures with
+the proxy idle, measured in the same run.
 
 The cases, each the most its caps allow:
 
@@ -118,15 +120,23 @@ async def _media_host(port: int) -> None:
 
 
 async def _probe(session: aiohttp.ClientSession, url: str, seconds: float) -> list[float]:
-    """``GET /health`` every 20 ms (one at a time) for ``seconds``: each one's latency."""
-    out = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    """``GET /health`` every 20 ms for ``seconds``, whether or not the last was answered
+    (a probe that waited for the last would be one sample for a stall of seconds): each
+    one's latency."""
+    out: list[float] = []
+
+    async def one() -> None:
         began = time.perf_counter()
         async with session.get(url) as response:
             await response.read()
         out.append(time.perf_counter() - began)
+
+    probes = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        probes.append(asyncio.create_task(one()))
         await asyncio.sleep(0.02)
+    await asyncio.gather(*probes)
     return out
 
 
@@ -172,7 +182,10 @@ async def _measure(seconds: float) -> dict[str, Any]:
         _process(__file__, "--media-host", str(media_port)),
         _process(*argv),
     ):
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        # No limit on connections: a probe never waits for another's, only for the proxy.
+        connector = aiohttp.TCPConnector(limit=0)
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             await _ready(session, base + "/v1/chat/completions", _body(512))
             idle = _figures(await _probe(session, base + "/health", seconds))
             cases = {}

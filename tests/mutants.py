@@ -763,6 +763,13 @@ MUTANTS: Final = (
         ("tests/http/test_http_door_fairness.py",),
     ),
     Mutant(
+        "a leg copies its long data URLs into one buffer",
+        "pd_policy_vllm/openai/wire/splice.py",
+        "    if not urls:\n        return dumps(body)\n",
+        "    return dumps(body)\n",
+        ("tests/http/test_http_written.py",),
+    ),
+    Mutant(
         "a live batch the replay already applied is applied again as a restart",
         "pd_policy_vllm/kv_events/feed.py",
         "            if seq <= self._replayed_to:",
