@@ -173,15 +173,18 @@ def run_policy(
     ``kv_fleet.KvFleet``; ``servers`` is ``tests/vllm/servers.py``), its caches emptied
     first; the policy's figures."""
     fleet.reset_prefix_caches()
-    port = servers.free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = ["-m", "pd_policy_vllm.http.cli", "--port", str(port), "--no-mrope", *flags]
+    argv = ["-m", "pd_policy_vllm.http.cli", "--no-mrope", *flags]
     for prefill in fleet.prefills.values():
         argv += ["--prefill", prefill]
     argv += ["--decode", fleet.decode]
     log = fleet.logs / f"proxy{'-'.join(flags)}.log"
-    server = servers.Server("proxy", argv, log, lambda: _healthy(url))
+    # Its port the server's to choose (and to choose again, when another process took it).
+    server = servers.Server(
+        "proxy", lambda ports: [*argv, "--port", str(ports[0])], log,
+        lambda started: _healthy(started.url), ports=servers.candidate_ports(1),
+    )  # fmt: skip
     with servers.running([server]):
+        url = server.url
         deadline = time.monotonic() + 30
         while "--kv-routing" in flags and not _synced(scrape(url), len(fleet.prefills)):
             # Both feeds read before the first request.

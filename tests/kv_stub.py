@@ -39,9 +39,9 @@ from collections.abc import AsyncIterator
 import attrs
 from aiohttp import web
 
-from kv_stub_worker import KvStub, Record, StubConfig, free_port
+from kv_stub_worker import KvStub, Record, StubConfig
 
-__all__ = ["KvStub", "Record", "StubConfig", "StubFleet", "free_port", "kv_stubs"]
+__all__ = ["KvStub", "Record", "StubConfig", "StubFleet", "kv_stubs"]
 
 
 @attrs.define

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +14,7 @@ import attrs
 from aiohttp import web
 from vllm.distributed.kv_events import AllBlocksCleared, KVEventBatch, ZmqEventPublisher
 
+from kv_publisher import bound_publisher
 from kv_stub_cache import BlockCache, chain_of
 from kv_stub_prompt import Prompt, PromptError, chat_prompt, completion_prompts, render_answer
 from kv_stub_wire import (
@@ -28,7 +28,7 @@ from kv_stub_wire import (
 )
 from pd_policy.kv_blocks import BlockHasher, HashAlgo
 
-__all__ = ["KvStub", "Record", "StubConfig", "free_port"]
+__all__ = ["KvStub", "Record", "StubConfig"]
 
 
 @attrs.frozen(slots=True)
@@ -59,14 +59,6 @@ class Record:
     service: float
 
 
-def free_port() -> int:
-    """A port free on this host now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _error(status: int, message: str) -> web.Response:
     return web.json_response(error(status, message), status=status)
 
@@ -85,7 +77,8 @@ class KvStub:
         self.records: list[Record] = []
         self.cache = BlockCache(config.capacity)
         self.hasher = BlockHasher(config.block_size, config.algo)
-        self.events_port, self.replay_port = free_port(), free_port()
+        #: A prefill's event sockets' ports, once bound (``start``).
+        self.events_port = self.replay_port = 0
         self.publisher: ZmqEventPublisher | None = None
         self._turn = asyncio.Lock()  # one request at a time, first come first served
         self._tensors: dict[str, str] = {}
@@ -106,13 +99,9 @@ class KvStub:
         return app
 
     def start(self) -> None:
-        """Bind a prefill's event sockets."""
+        """Bind a prefill's event sockets, on ports the OS picks."""
         if self.role == "prefill":
-            self.publisher = ZmqEventPublisher(
-                0,
-                endpoint=f"tcp://*:{self.events_port}",
-                replay_endpoint=f"tcp://*:{self.replay_port}",
-            )
+            self.publisher, self.events_port, self.replay_port = bound_publisher()
 
     def close(self) -> None:
         """Release the event sockets."""

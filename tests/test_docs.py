@@ -16,6 +16,7 @@ DOCS = {
     "epd": ROOT / "docs" / "epd.md",
     "errors": ROOT / "docs" / "errors.md",
     "exchange": ROOT / "docs" / "architecture.md",
+    "router-fields": ROOT / "docs" / "security.md",
 }
 
 

@@ -68,14 +68,21 @@ _HANDOFF: Final = (
 _EC: Final = (
     "the encoder cache's handoff in E/P/D: which encoder outputs a prefill loads, and from where"
 )
-_XARGS: Final = "vLLM reads it from the extension arguments when the body does not set it"
 
 #: Every field only the router may set.
 ROUTER_FIELDS: Final = (
     RouterField(("kv_transfer_params",), OnClient.REFUSE, _HANDOFF),
     RouterField(("ec_transfer_params",), OnClient.REFUSE, _EC),
-    RouterField(("vllm_xargs", "kv_transfer_params"), OnClient.REFUSE, f"{_XARGS}: {_HANDOFF}"),
-    RouterField(("vllm_xargs", "ec_transfer_params"), OnClient.REFUSE, f"{_XARGS}: {_EC}"),
+    RouterField(
+        ("vllm_xargs", "kv_transfer_params"),
+        OnClient.REFUSE,
+        "vLLM reads the KV handoff from the extension arguments when the body sets none",
+    ),
+    RouterField(
+        ("vllm_xargs", "ec_transfer_params"),
+        OnClient.REFUSE,
+        "vLLM reads the encoder cache's handoff from the extension arguments too",
+    ),
     RouterField(
         ("vllm_xargs", "kv_cache_report_mode"),
         OnClient.REFUSE,

@@ -16,17 +16,46 @@ from typing import Any, ClassVar, Protocol
 import grpc
 from pd_policy import (
     DecodeCandidate,
+    InvalidConfiguration,
     KvConnectorMode,
     PrefillKv,
     WorkerCapability,
+    WorkerFailedToStart,
     WorkerStreamError,
 )
+from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS
+from pd_policy_grpc.owned import router_request_id
 from pd_policy_grpc.status import error_from_rpc
 from pd_policy_grpc.wire import pb, pb_grpc
 
-__all__ = ["PdCalls", "Stub"]
+__all__ = ["PdCalls", "Stub", "checked_max_media_items"]
 
 logger = logging.getLogger("pd_policy_grpc.client")
+
+
+def checked_max_media_items(value: int) -> int:
+    """``value``, a router's cap on the media items of a request; raises
+    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] unless it is an
+    integer of at least 0 (0: a router for text alone)."""
+    if type(value) is not int or value < 0:
+        raise InvalidConfiguration(
+            "max_media_items must be an integer of at least 0", param="max_media_items"
+        )
+    return value
+
+
+def _closed_under(leg: str, started: bool) -> WorkerFailedToStart:
+    # The channel closed under the call (its member removed, the router shutting down):
+    # the worker is gone for this request, as an unavailable one is.
+    cls = WorkerStreamError if started else WorkerFailedToStart
+    return cls(leg, "UNAVAILABLE", "the channel to the worker closed under the call")
+
+
+def _cancelled_by_us() -> bool:
+    # A call gRPC cancels (its channel closed) raises CancelledError into a task nobody
+    # cancelled; a caller's cancel, or a deadline, is a cancel of the task itself.
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class Stub(Protocol):
@@ -55,7 +84,9 @@ class PdCalls:
         timeout: float | None = None,
         abort_timeout: float = 2.0,
         deferred_abort_max_wait: float = 30.0,
+        max_media_items: int = DEFAULT_MAX_MEDIA_ITEMS,
     ) -> None:
+        self.max_media_items = checked_max_media_items(max_media_items)
         self.kv = kv if isinstance(kv, PrefillKv) else PrefillKv(kv)
         self._prefill = self._stub(prefill)
         if isinstance(decode, Sequence):
@@ -85,6 +116,14 @@ class PdCalls:
         return self
 
     @staticmethod
+    def _request_id(caller_id: str) -> str:
+        """A new id for an attempt's legs (the router's own); the caller's goes to the log."""
+        own = router_request_id()
+        # Bounded, and as a repr: the caller chose it, newlines and all.
+        logger.debug("request %.80r runs as %s", caller_id, own)
+        return own
+
+    @staticmethod
     def _prefill_response(item: Any) -> pb.GenerateResponse:
         """A prefill response as the channel yields it, read."""
         return item  # type: ignore[no-any-return]
@@ -97,7 +136,10 @@ class PdCalls:
     async def _run_prefill(self, leg: Any, request_id: str) -> pb.GenerateComplete:
         started = False
         complete: pb.GenerateComplete | None = None
-        call = self._prefill.Generate(leg, timeout=self.timeout)
+        try:
+            call = self._prefill.Generate(leg, timeout=self.timeout)
+        except grpc.aio.UsageError:
+            raise _closed_under("prefill", False) from None
         try:
             async for item in call:
                 started = True
@@ -106,6 +148,12 @@ class PdCalls:
                     complete = response.complete
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc, "prefill", started=started) from exc
+        except grpc.aio.UsageError:
+            raise _closed_under("prefill", started) from None
+        except asyncio.CancelledError:
+            if _cancelled_by_us():
+                raise
+            raise _closed_under("prefill", started) from None
         finally:
             if complete is None:
                 # Failed, cancelled or dropped before completing: nothing was handed off yet.
@@ -116,7 +164,10 @@ class PdCalls:
         return complete
 
     async def _stream_decode(self, decode: Stub, leg: Any, request_id: str) -> AsyncGenerator[Any]:
-        call = decode.Generate(leg, timeout=self.timeout)
+        try:
+            call = decode.Generate(leg, timeout=self.timeout)
+        except grpc.aio.UsageError:
+            raise _closed_under("decode", False) from None
         # The first read runs in a task of its own, so that a caller cancelled while
         # waiting for it does not cancel the call mid-handoff (see the class docs).
         first: asyncio.Future[Any] = asyncio.ensure_future(call.read())
@@ -130,6 +181,12 @@ class PdCalls:
                     response = await call.read()
             except grpc.aio.AioRpcError as exc:
                 raise error_from_rpc(exc, "decode", started=saw_item) from exc
+            except grpc.aio.UsageError:
+                raise _closed_under("decode", saw_item) from None
+            except asyncio.CancelledError:
+                if _cancelled_by_us():
+                    raise
+                raise _closed_under("decode", saw_item) from None
             ended = True
         finally:
             if not ended:
@@ -158,5 +215,6 @@ class PdCalls:
 
     async def _abort(self, stub: Stub, request_id: str) -> None:
         # Best effort: the worker may be the reason we are aborting.
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
+        # A closed channel (the member was removed under the request) has nothing to abort.
+        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.TimeoutError):
             await stub.Abort(pb.AbortRequest(request_ids=[request_id]), timeout=self.abort_timeout)

@@ -14,6 +14,7 @@ import grpc
 from pd_policy import DecodeCandidate, plan_kv_handoff, select_decode_workers
 from pd_policy.exchange_events import HandoffCheck, KvFacts
 
+from .admission import admit_message
 from .calls import PdCalls
 from .driver import PairAttempt, drive, one_pair_of
 from .kv import apply_kv_handoff, prefill_leg, relay_kv
@@ -88,9 +89,10 @@ class SequentialPd(PdCalls):
         form, leg = build_decode_leg(request, chosen.worker, check=len(self.candidates) == 1)
         handoff = plan_kv_handoff(self.kv, n=request.sampling_params.n)
         apply_kv_handoff(leg, handoff)
+        leg.request_id = own = self._request_id(request.request_id)
         check = HandoffCheck(form, has_mm_inputs(request), handoff.mode)
         stub = self._stubs[id(chosen.handle)]
-        return PairAttempt(leg, stub, handoff.runs_prefill, check, handoff)
+        return PairAttempt(leg, stub, handoff.runs_prefill, check, handoff, own)
 
     def handoff_of(self, attempt: PairAttempt[pb.GenerateRequest]) -> KvFacts:
         """The handoff the attempt's decode leg carries now."""
@@ -101,7 +103,9 @@ class SequentialPd(PdCalls):
     ) -> None:
         """Step 3: the sanitised prefill leg, and what it returned relayed."""
         handoff = attempt.handoff
-        complete = await self._run_prefill(prefill_leg(request, handoff), request.request_id)
+        leg = prefill_leg(request, handoff)
+        leg.request_id = attempt.request_id
+        complete = await self._run_prefill(leg, attempt.request_id)
         if handoff.relays:
             relay_kv(attempt.leg, complete)
 
@@ -109,11 +113,17 @@ class SequentialPd(PdCalls):
         self, request: pb.GenerateRequest, attempt: PairAttempt[pb.GenerateRequest]
     ) -> AsyncGenerator[pb.GenerateResponse]:
         """Step 5: the decode leg's responses."""
-        return self._stream_decode(attempt.decode, attempt.leg, request.request_id)
+        return self._stream_decode(attempt.decode, attempt.leg, attempt.request_id)
 
     def generate(self, request: pb.GenerateRequest) -> AsyncGenerator[pb.GenerateResponse]:
         """Serve ``request``; yields the decode worker's responses. See the class docs."""
-        return drive(request, self.own, one_pair_of)
+        return drive(request, self.own, one_pair_of, read=self.admit)
+
+    def admit(self, request: pb.GenerateRequest) -> pb.GenerateRequest:
+        """``request`` once admitted
+        ([`admit_message`][pd_policy_grpc.admission.admit_message], under this router's
+        ``max_media_items``): what ``generate`` checks first."""
+        return admit_message(request, self.max_media_items)
 
     def choose(self, request: pb.GenerateRequest) -> DecodeCandidate[grpc.aio.Channel]:
         """The decode candidate [`generate`][pd_policy_grpc.client.SequentialPd.generate] would use

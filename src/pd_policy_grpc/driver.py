@@ -51,14 +51,16 @@ W = TypeVar("W")
 @attrs.define
 class PairAttempt(Generic[L]):
     """One attempt on a pair, up to its decode: the decode leg (a message, or a serialized
-    leg) and the stub it goes to, whether a prefill runs first, the handoff check, and the
-    handoff planned."""
+    leg) and the stub it goes to, whether a prefill runs first, the handoff check, the
+    handoff planned, and the id both legs run (and are aborted) under: the router's own
+    ([`router_request_id`][pd_policy_grpc.owned.router_request_id]), never the caller's."""
 
     leg: L
     decode: Any
     prefill: bool
     check: HandoffCheck
     handoff: KvHandoff
+    request_id: str
 
 
 class Pair(Protocol):
@@ -133,9 +135,13 @@ async def drive(
     pair ``pair_of`` gives for its placement, applying the bookkeeping to ``roster``
     (``None``: a router of one pair). The request is ``data``, or what ``read`` makes of it
     (its errors raised on the first iteration, as the rest). Yields the decode's responses;
-    raises the error the exchange finished with. A caller that stops iterating (or is
-    cancelled) ends the exchange as a client that left; ``deadline`` bounds the whole
-    request in seconds (``None``: no bound).
+    raises the error the exchange finished with. ``deadline`` bounds the whole request in
+    seconds (``None``: no bound).
+
+    However the generator ends before its exchange does (the caller cancelled, closed it,
+    or dropped it for the loop to close; an error that is not the policy's), the exchange
+    ends as a client that left: the attempt's members are released, no one is blamed. A
+    member's load never outlives the request that holds it.
 
     A router's ``generate`` returns this generator itself: a wrapping generator would cost
     every response of every request a hop."""
@@ -174,10 +180,9 @@ async def drive(
         if exchange.finish is not None or ends is None or loop.time() < ends:
             raise
         action = settle(roster, exchange.handle(DeadlinePassed()))
-    except (GeneratorExit, asyncio.CancelledError):
+    finally:
         if exchange.finish is None:
             settle(roster, exchange.handle(ClientLeft()))
-        raise
     assert isinstance(action, Finish)
     if action.error is not None:
         raise action.error

@@ -53,11 +53,15 @@ from pd_policy import (
     WorkerCapability,
     place,
 )
+from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS
+from pd_policy_grpc.admission import admit_message
+from pd_policy_grpc.calls import checked_max_media_items
 from pd_policy_grpc.capability import capability_from_info
 from pd_policy_grpc.client import SequentialPd
 from pd_policy_grpc.driver import Pair, drive
 from pd_policy_grpc.kv import prefill_kv_from_info
-from pd_policy_grpc.raw.reader import RawRequest, read_request
+from pd_policy_grpc.raw.admission import read_admitted
+from pd_policy_grpc.raw.reader import RawRequest
 from pd_policy_grpc.view import request_view
 from pd_policy_grpc.wire import pb, pb_grpc
 
@@ -117,12 +121,6 @@ Member = RosterMember[GrpcWorker]
 PairRouter = Callable[..., Pair]
 
 
-def _read(request: Any) -> Any:
-    if isinstance(request, bytes | bytearray | memoryview):
-        return read_request(bytes(request))
-    return request
-
-
 def _view(request: Any) -> Request:
     return request.view() if isinstance(request, RawRequest) else request_view(request)
 
@@ -137,9 +135,11 @@ class FleetPd:
     ``router`` makes a pair's router from SequentialPd's arguments (``SequentialPd``
     for messages, ``SequentialPdBytes`` for bytes); ``attempts`` bounds the attempts of
     a request in all; ``timeout`` is each call's, ``deadline`` a whole request's
-    (``None``: no bound; past it, ``pd_request_timeout``). A roster on the monotonic
-    clock is made when none is given. ``kv_routing`` places each prefill by the KV blocks
-    the fleet's prefills hold (run it with its
+    (``None``: no bound; past it, ``pd_request_timeout``); ``max_media_items`` the most
+    media items a request may hold (``pd_too_many_media_items`` past it, before any item
+    is read: [`admission`][pd_policy_grpc.admission], as the router's fields are checked).
+    A roster on the monotonic clock is made when none is given. ``kv_routing`` places each
+    prefill by the KV blocks the fleet's prefills hold (run it with its
     [`running`][pd_policy_grpc.kv_routing.KvRouting.running] over this roster); ``None``:
     by the rules without it. See the module docs.
     """
@@ -154,7 +154,9 @@ class FleetPd:
         probe_timeout: float = 2.0,
         deadline: float | None = None,
         kv_routing: KvRouting | None = None,
+        max_media_items: int = DEFAULT_MAX_MEDIA_ITEMS,
     ) -> None:
+        self.max_media_items = checked_max_media_items(max_media_items)
         self.roster = roster if roster is not None else Roster(clock=time.monotonic)
         self.kv_routing = kv_routing
         self.router, self.timeout, self.deadline = router, timeout, deadline
@@ -244,9 +246,17 @@ class FleetPd:
             self._pair,
             self._exchange,
             self.roster,
-            read=_read,
+            read=self.admit,
             deadline=self.deadline,
         )
+
+    def admit(self, request: Any) -> Any:
+        """``request`` (a message, its bytes, or a read ``RawRequest``) read and admitted
+        under this fleet's ``max_media_items``: what ``generate`` does first, before any
+        placement ([`admission`][pd_policy_grpc.admission])."""
+        if isinstance(request, pb.GenerateRequest):
+            return admit_message(request, self.max_media_items)
+        return read_admitted(request, self.max_media_items)
 
     def _exchange(self, request: Any) -> Exchange[Any]:
         return Exchange(self._placer(request), attempts=self.attempts)

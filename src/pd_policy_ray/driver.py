@@ -8,13 +8,26 @@ M-RoPE metadata path), prefill there, check the handoff, decode on the local eng
 error a replica answers (Ray's ``ErrorResponse``) reaches the client as it came; the
 policy's own refusals and failures are OpenAI errors of their own
 ([`error_response`][pd_policy_ray.errors.error_response]).
+
+The plan starts by checking the client's body for the fields only the router may set
+([`check_client_fields`][pd_policy.router_fields.check_client_fields]): a refused one is
+the 400 before any leg; a client's ``request_id`` is dropped (and logged). Every leg's
+body names the server's own id (``request_id``), so that Ray's pipeline runs it under
+that id rather than stamping the Serve request id, which a client chooses with its
+``X-Request-Id`` header. A client that leaves ends what it started: a prefill or render
+call still out is cancelled on its handle (Ray's handle does not cancel a call whose
+awaiting task is cancelled), and the decode's stream is closed before the client's is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
+
+import attrs
 
 from pd_policy import (
     InvalidConfiguration,
@@ -23,6 +36,7 @@ from pd_policy import (
     Request,
     WorkerCapability,
     WorkerFailedToStart,
+    check_client_fields,
 )
 from pd_policy.exchange import one_pair, settle
 from pd_policy.exchange_events import (
@@ -38,6 +52,7 @@ from pd_policy.exchange_events import (
     Relay,
     Send,
 )
+from pd_policy.router_fields import without_dropped
 from pd_policy_vllm.openai.plan.events import kv_facts, planned
 from pd_policy_vllm.openai.plan.legs import PrefillReply
 from pd_policy_vllm.openai.plan.request import Route
@@ -50,6 +65,8 @@ from .metadata import Step, decode_metadata_leg
 from .scale_out import ScaleOut
 
 __all__ = ["Replica", "serve"]
+
+_log = logging.getLogger("ray.serve.pd_policy")
 
 
 class Replica(Protocol):
@@ -79,6 +96,20 @@ def _failed(item: Any) -> bool:
     return isinstance(head, ErrorResponse)
 
 
+def _ours(body: Mapping[str, Any], request_id: str) -> dict[str, Any]:
+    """A leg's ``body``, naming the server's own id for it."""
+    return {**body, "request_id": request_id}
+
+
+async def _answer(call: Any) -> Any:
+    # A handle call's answer; the call cancelled on the handle when its caller leaves.
+    try:
+        return await call
+    except BaseException:
+        call.cancel()
+        raise
+
+
 def _worker_error(leg: str, answered: Any) -> WorkerFailedToStart:
     head = answered[0] if isinstance(answered, list) and answered else answered
     return WorkerFailedToStart(leg, detail=str(head.error.message), http_status=head.error.code)
@@ -99,6 +130,14 @@ class _Life:
     def do_plan(self) -> Event:
         replica = self.replica
         try:
+            dropped = check_client_fields(self.body)
+            if dropped:
+                self.body = without_dropped(self.body, dropped)
+                _log.info(
+                    "request %s: dropped the client's %s (the router sets its own)",
+                    self.request_id,
+                    ", ".join(field.name for field in dropped),
+                )
             self.plan = plan_legs(
                 self.body,
                 self.route,
@@ -116,15 +155,18 @@ class _Life:
         assert plan is not None
         try:
             if leg is Leg.RENDER:
-                answered = await replica.prefill_calls.render_chat.remote(plan.render)
+                assert plan.render is not None  # a plan renders first only with one
+                render = _ours(plan.render, self.request_id)
+                answered = await _answer(replica.prefill_calls.render_chat.remote(render))
                 if _failed(answered):
                     return self._refused(leg, answered)
                 self.plan = rendered_plan(plan, answered)
                 return LegAnswered(leg)
-            body = prefill_body_for(plan)
-            assert body is not None  # the plan runs a prefill
+            prefill = prefill_body_for(plan)
+            assert prefill is not None  # the plan runs a prefill
+            body = _ours(prefill, self.request_id)
             if plan.rendered is not None:
-                answered = await replica.prefill_calls.generate.remote(body)
+                answered = await _answer(replica.prefill_calls.generate.remote(body))
             else:
                 answered = await replica.prefill(self.route, body, self.raw)
             if _failed(answered):
@@ -143,11 +185,12 @@ class _Life:
         plan, replica = self.plan, self.replica
         assert plan is not None
         leg = plain_leg(plan, self.leg or handed_over(plan, None), self.reply)
+        body = _ours(leg.body, self.request_id)
         if leg.derender is None:
-            return replica.decode(self.route, leg.body, self.raw)
+            return replica.decode(self.route, body, self.raw)
         if replica.local is None:  # a plan says the path exists only where it does
             raise InvalidConfiguration("this replica has no scale-out serving")
-        return _items(decode_metadata_leg(leg, replica.local))
+        return _items(decode_metadata_leg(attrs.evolve(leg, body=body), replica.local))
 
     @property
     def form(self) -> str:
@@ -163,9 +206,21 @@ class _Life:
         return len(json.dumps(leg.body, separators=(",", ":")))
 
 
+@contextlib.asynccontextmanager
+async def _closing(stream: AsyncIterator[Any]) -> AsyncIterator[AsyncIterator[Any]]:
+    # ``aclosing`` for a stream that may not be a generator (a replica's own iterator).
+    try:
+        yield stream
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
 async def _items(steps: AsyncGenerator[tuple[Step, Any], None]) -> AsyncIterator[Any]:
-    async for _, item in steps:
-        yield item
+    async with contextlib.aclosing(steps):
+        async for _, item in steps:
+            yield item
 
 
 async def serve(
@@ -191,20 +246,23 @@ async def serve(
         else:
             assert isinstance(action, Relay)
             event = LegAnswered(Leg.DECODE)
-            async for item in life.decode():
-                if _failed(item):
+            # Closed with the client's stream: the engine's request ends as the client leaves.
+            async with _closing(life.decode()) as chunks:
+                async for item in chunks:
+                    if _failed(item):
+                        if not exchange.seen:
+                            life.answered = item
+                        else:
+                            yield item  # mid-stream, the stream's last event
+                        event = LegFailed(Leg.DECODE, _worker_error("decode", item))
+                        break
                     if not exchange.seen:
-                        life.answered = item
-                    else:
-                        yield item  # mid-stream, the stream's last event
-                    event = LegFailed(Leg.DECODE, _worker_error("decode", item))
-                    break
-                if not exchange.seen:
-                    exchange.handle(FirstByte())
-                    extra = {"decode_bytes": sent} if (sent := life.sent()) is not None else {}
-                    log(life.form, "ok", 200, extra)
-                    logged = True
-                yield item
+                        exchange.handle(FirstByte())
+                        sent = life.sent()
+                        extra = {"decode_bytes": sent} if sent is not None else {}
+                        log(life.form, "ok", 200, extra)
+                        logged = True
+                    yield item
         action = settle(None, exchange.handle(event))
     if not logged:
         log(life.form, action.outcome, action.status, {})

@@ -20,6 +20,7 @@ Imports Ray Serve LLM (``pd-policy[ray]``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
@@ -43,10 +44,12 @@ from .seam import (
 
 __all__ = ["PolicyDecodeServer", "requests_log"]
 
-#: One JSON line a request (its id, route, decode form and outcome), under ``ray.serve``
-#: so that Serve's formatter tags it with the replica's id (it reaches the replica
-#: worker's stderr log, ``worker-*.err``, as measured on Ray 2.60).
+#: One JSON line a request (its id, the client's, route, decode form and outcome), under
+#: ``ray.serve`` so that Serve's formatter tags it with the replica's id (it reaches the
+#: replica worker's stderr log, ``worker-*.err``, as measured on Ray 2.60).
 requests_log = logging.getLogger("ray.serve.pd_policy")
+#: How much of a client's own request id the log line keeps.
+_CLIENT_ID_CHARS = 128
 
 
 def _route(request: Any) -> Route:
@@ -108,12 +111,17 @@ class PolicyDecodeServer(PDDecodeServer):  # type: ignore[misc]
         self, request: Any, raw_request_info: Any = None
     ) -> AsyncGenerator[Any, None]:
         route = _route(request)
-        request_id = getattr(request, "request_id", None) or f"pd-{uuid.uuid4().hex}"
         body = request.model_dump(mode="json", exclude_unset=True)
+        # Every leg runs under the server's own id, unique per request: two clients that
+        # chose one id would collide on one engine (the driver drops the client's).
+        request_id = f"pd-{uuid.uuid4().hex}"
+        client_id = body.get("request_id")
+        client_id = client_id[:_CLIENT_ID_CHARS] if isinstance(client_id, str) else None
 
         def log(form: str, outcome: str, status: int, extra: dict[str, int]) -> None:
             line = {
                 "request_id": request_id,
+                "client_request_id": client_id,
                 "route": route.value,
                 "form": form,
                 "outcome": outcome,
@@ -122,17 +130,26 @@ class PolicyDecodeServer(PDDecodeServer):  # type: ignore[misc]
             }
             requests_log.info(json.dumps(line, separators=(",", ":")))
 
-        async for item in serve(self, route, body, request_id, raw_request_info, log):
-            yield item
+        served = serve(self, route, body, request_id, raw_request_info, log)
+        async with contextlib.aclosing(served):  # a client that leaves closes every leg
+            async for item in served:
+                yield item
 
     async def prefill(self, route: Route, body: dict[str, Any], raw_request_info: Any) -> Any:
         """The prefill deployment's first answer to ``body``: its one token, or an
         ``ErrorResponse``."""
         handle = getattr(self._prefill_handle, route.name.lower())
         responses = handle.remote(_request(route, body), raw_request_info)
-        first = await responses.__anext__()
-        async for _ in responses:  # drained, so that the handle's accounting ends
-            pass
+        try:
+            first = await responses.__anext__()
+            async for _ in responses:  # drained, so that the handle's accounting ends
+                pass
+        except BaseException:
+            # The client left (or the call failed): Ray's handle does not cancel a call
+            # whose awaiting task is cancelled, and the prefill replica would run it for no
+            # one (or hold its place in the queue).
+            responses.cancel()
+            raise
         return first[0] if isinstance(first, list) else first
 
     async def decode(
@@ -141,5 +158,9 @@ class PolicyDecodeServer(PDDecodeServer):  # type: ignore[misc]
         """The local engine's answer to the decode ``body``, through Ray's own request
         pipeline (request id, LoRA, batching); its refusal is its first chunk."""
         method = LLMServer.chat if route is Route.CHAT else LLMServer.completions
-        async for chunk in await method(self, _request(route, body), raw_request_info):
-            yield chunk
+        # Closed with this stream: the engine's request ends as the client leaves.
+        async with contextlib.aclosing(
+            await method(self, _request(route, body), raw_request_info)
+        ) as chunks:
+            async for chunk in chunks:
+                yield chunk

@@ -1,11 +1,15 @@
 """Loopback engines that misbehave on request, and keep a ledger of every leg they see.
 
-A test gives an engine a :class:`Fault` per request id (``engine.faults[rid]``);
+A test gives an engine a :class:`Fault` per caller's request id (``engine.faults[rid]``);
 requests without one are served as :mod:`engines` serves them. The ledger
-records, by request id, every ``Generate`` that started, every one whose stream
+records, by the caller's id, every ``Generate`` that started, every one whose stream
 the engine finished (its last item sent), every ``Abort``, and the number of
 ``Generate`` streams still open on the server. It keeps ids only, never the
 messages, so that a load test can measure its own memory.
+
+A router runs every leg under an id of its own, never the caller's: the caller's id
+reaches the engine only as :func:`tag` wrote it into the request (a field the router
+forwards as it is), and the ledger learns each leg's own id from it, for the aborts.
 
 * :class:`FaultyPrefill` is a vision prefill (``NixlConnector``) that answers
   with one ``GenerateComplete`` naming the transfer :func:`kv_json` describes.
@@ -27,7 +31,9 @@ from engines import Engine, answer, refuse_media
 import grpc
 from pd_policy_grpc.wire import pb
 
-__all__ = ["Fault", "FaultyDecode", "FaultyPrefill", "kv_json"]
+__all__ = ["Fault", "FaultyDecode", "FaultyPrefill", "caller_of", "kv_json", "tag"]
+
+_TAG = "caller:"
 
 
 class Fault(enum.Enum):
@@ -45,6 +51,18 @@ class Fault(enum.Enum):
     HOLD_FIRST = "hold-first"
     #: Sends one chunk, then waits for ``release``.
     HOLD_LAST = "hold-last"
+
+
+def tag(request: pb.GenerateRequest) -> pb.GenerateRequest:
+    """``request`` (tokenized) carrying its caller's id where :func:`caller_of` reads it."""
+    request.tokenized.original_text = _TAG + request.request_id
+    return request
+
+
+def caller_of(leg: pb.GenerateRequest) -> str:
+    """The caller's id a leg carries (:func:`tag`); its own id when untagged."""
+    text = leg.tokenized.original_text
+    return text[len(_TAG) :] if text.startswith(_TAG) else leg.request_id
 
 
 def kv_json(request_id: str) -> str:
@@ -68,6 +86,8 @@ class _Ledger(Engine):
         self.open_streams = 0
         self.holding: set[str] = set()
         self._held = asyncio.Condition()
+        #: The caller's id of each leg, by the id it ran under.
+        self.callers: dict[str, str] = {}
 
     def clear(self) -> None:
         """Forget the ledger and the faults (not the streams still open)."""
@@ -77,6 +97,11 @@ class _Ledger(Engine):
         self.aborted.clear()
         self.requests.clear()
         self.release.clear()
+        self.callers.clear()
+
+    async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:  # noqa: N802
+        self.aborted.extend(self.callers.get(own, own) for own in request.request_ids)
+        return pb.AbortResponse()
 
     async def until_holding(self, count: int) -> None:
         """Return once ``count`` streams are waiting for ``release`` (at most 30 s)."""
@@ -90,7 +115,7 @@ class _Ledger(Engine):
     async def Generate(  # noqa: N802 (the proto's RPC name)
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.GenerateResponse]:
-        rid = request.request_id
+        rid = self.callers[request.request_id] = caller_of(request)
         self.started.append(rid)
         self.open_streams += 1
         try:
@@ -147,10 +172,10 @@ class FaultyPrefill(_Ledger):
         super().__init__(supports_vision=True, kv_connector="NixlConnector")
 
     def items(self, request: pb.GenerateRequest) -> Iterator[pb.GenerateResponse]:
-        if self.faults.get(request.request_id) in _CHUNK_FIRST:
+        if self.faults.get(caller_of(request)) in _CHUNK_FIRST:
             yield pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[0]))
         complete = pb.GenerateComplete(output_ids=[1], finish_reason="length")
-        complete.kv_transfer_params_json = kv_json(request.request_id)
+        complete.kv_transfer_params_json = kv_json(caller_of(request))
         yield pb.GenerateResponse(complete=complete)
 
 

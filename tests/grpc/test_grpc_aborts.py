@@ -65,7 +65,9 @@ def test_a_cancel_during_prefill_aborts_the_prefill_at_once() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert p.aborted == ["req-1"]
+        # Aborted under the id the leg ran under: the router's, never the caller's.
+        (leg,) = p.requests
+        assert p.aborted == [leg.request_id] != ["req-1"]
         assert d.requests == [] and d.aborted == []  # decode was never sent
 
     run_with(p, d, body)
@@ -85,7 +87,7 @@ def test_a_decode_dropped_before_its_first_response_is_aborted_after_it() -> Non
         assert d.aborted == []  # not mid-handoff
         d.release.set()  # the first response proves the handoff finished
         await pd.aclose()
-        assert d.aborted == ["req-1"]
+        assert d.aborted == [d.requests[0].request_id] != ["req-1"]
         assert p.aborted == []  # the prefill had completed
 
     run_with(p, d, body)
@@ -103,6 +105,6 @@ def test_a_deferred_abort_gives_up_waiting_after_its_limit() -> None:
             await task
         assert d.aborted == []
         await asyncio.wait_for(pd.aclose(), timeout=5)
-        assert d.aborted == ["req-1"]
+        assert d.aborted == [d.requests[0].request_id]
 
     run_with(p, d, body, deferred_abort_max_wait=0.3)

@@ -204,7 +204,8 @@ def test_a_probe_ejects_a_sick_decode_and_readmits_it_as_what_it_came_back_as() 
         assert not sick.worker.capability.language_model_only
         mrope = to_proto(mrope_request())
         await served(fleet, mrope)
-        assert ds[0].requests[-1].request_id == mrope.request_id  # the only one that can
+        # The only one that can: its leg keeps the grid.
+        assert "image_grid_thw" in ds[0].requests[-1].mm_inputs.model_specific_tensors
 
     run(test)
 

@@ -127,7 +127,8 @@ def test_passthrough_relays_what_the_engine_returns(caplog: pytest.LogCaptureFix
     async def body(pd: SequentialPd, p: PrefillEngine, d: Engine) -> None:
         await collect(pd, to_proto(image_request()))
         assert not p.requests[0].HasField("kv_transfer_params_json")  # not tagged
-        assert json.loads(d.requests[0].kv_transfer_params_json)["transfer_id"] == "xfer-req-1"
+        (leg,) = d.requests
+        assert json.loads(leg.kv_transfer_params_json)["transfer_id"] == f"xfer-{leg.request_id}"
 
     with caplog.at_level(logging.WARNING, logger="pd_policy_grpc.client"):
         run(body, kv=PrefillKv(KvConnectorMode.PASSTHROUGH), prefill=PrefillEngine(),

@@ -193,7 +193,9 @@ def test_a_request_goes_to_the_prefill_holding_its_prefix_though_busier_within_t
         await until(lambda: len(b.requests) == 1)
         a.release.set()
         assert all(await asyncio.gather(first, second, third))
-        assert [r.request_id for r in a.requests] == ["r1", "r2"]
+        # The first two went to a (each under an id of the router's own), the third to b.
+        ids = {r.request_id for r in a.requests}
+        assert len(ids) == 2 and not ids & {"r1", "r2", "r3"}
         assert s.routing.outcomes == {"hit": 2, "miss": 1}
         assert s.routing.blocks == {"cached": 8, "computed": 4}
 

@@ -32,7 +32,7 @@ from typing import Any
 import attrs
 import pytest
 from engines import answer, serve
-from faulty_engines import Fault, FaultyDecode, FaultyPrefill, kv_json
+from faulty_engines import Fault, FaultyDecode, FaultyPrefill, kv_json, tag
 from proto_strategies import to_proto
 
 import grpc
@@ -95,8 +95,8 @@ def requests(groups: dict[str, int], size: int = FAULT_LOAD) -> dict[str, pb.Gen
     kinds += ["ok"] * (size - len(kinds))
     random.Random(0).shuffle(kinds)
     return {
-        f"{kind}-{i}": to_proto(
-            image_request(images=(f"img-{i % 7}.jpg",), request_id=f"{kind}-{i}")
+        f"{kind}-{i}": tag(
+            to_proto(image_request(images=(f"img-{i % 7}.jpg",), request_id=f"{kind}-{i}"))
         )
         for i, kind in enumerate(kinds)
     }
@@ -264,6 +264,9 @@ def test_500_concurrent_image_requests_are_all_answered() -> None:
         assert_answered(load, outcomes)
         assert sorted(rig.prefill.completed) == sorted(load) == sorted(rig.decode.completed)
         assert rig.prefill.aborted == [] and rig.decode.aborted == []
+        # Every leg ran under an id of the router's own: one per request, none a caller's.
+        for engine in (rig.prefill, rig.decode):
+            assert len(engine.callers) == LOAD and not set(engine.callers) & set(load)
 
     run(scenario, LOAD)
 

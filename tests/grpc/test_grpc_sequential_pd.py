@@ -89,7 +89,9 @@ def test_gridless_image_on_a_language_model_only_decode_succeeds() -> None:
             mm_hashes=request.mm_inputs.mm_hashes, modality=request.mm_inputs.modality
         )
         assert not leg.HasField("media_refs")
-        assert json.loads(leg.kv_transfer_params_json)["transfer_id"] == "xfer-req-1"
+        # Both legs ran under the router's own id, and the decode read the prefill's KV.
+        assert leg.request_id == prefill_leg.request_id != request.request_id
+        assert json.loads(leg.kv_transfer_params_json)["transfer_id"] == f"xfer-{leg.request_id}"
         assert responses[-1].complete.output_ids == answer(leg)
         assert d.aborted == [] and p.aborted == []
 
@@ -181,7 +183,8 @@ def test_without_the_policy_the_engine_fails_deep() -> None:
         assert exc.value.code == "decode_worker_failed_to_start"
         assert exc.value.status == 400
         assert "encoder cache size 0" in exc.value.message
-        assert d.aborted == ["req-1"] and p.aborted == []  # the prefill had completed
+        # Aborted under the id it ran under; the prefill had completed.
+        assert d.aborted == [d.requests[0].request_id] and p.aborted == []
 
     run(scenario, worker=pd_policy.WorkerCapability())  # an old servicer: unknown
 
@@ -212,7 +215,7 @@ def test_cancelling_mid_stream_aborts_the_decode_leg_at_once() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         # Decode had answered, so its handoff was over; the prefill had completed.
-        assert d.aborted == ["req-1"] and p.aborted == []
+        assert d.aborted == [d.requests[0].request_id] and p.aborted == []
 
     run(scenario)
 
@@ -223,7 +226,7 @@ def test_stopping_iteration_early_aborts_the_decode_leg() -> None:
         assert isinstance(stream, AsyncGenerator)
         await anext(stream)
         await stream.aclose()
-        assert d.aborted == ["req-1"] and p.aborted == []
+        assert d.aborted == [d.requests[0].request_id] and p.aborted == []
 
     run(scenario)
 

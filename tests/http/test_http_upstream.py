@@ -309,17 +309,15 @@ def test_an_ipv6_literal_url_reaches_its_worker() -> None:
     _run(test)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_worker_that_is_not_listening_is_unreachable_not_disconnected() -> None:
     async def test() -> None:
         upstream = Upstream()
-        with pytest.raises(UpstreamUnreachable) as caught:
-            await upstream.post(f"http://127.0.0.1:{_free_port()}/x", b"", {})
+        # A port bound and held, never listened on: refused, and no one else's meanwhile.
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{held.getsockname()[1]}/x"
+            with pytest.raises(UpstreamUnreachable) as caught:
+                await upstream.post(url, b"", {})
         assert isinstance(caught.value, aiohttp.ClientConnectionError)
         assert not isinstance(caught.value, aiohttp.ServerDisconnectedError)
         assert "127.0.0.1" not in str(caught.value)  # a URL may carry credentials

@@ -71,18 +71,18 @@ def http_fleet(
     def ec(role: EncoderCacheRole) -> tuple[str, ...]:
         return ("--ec-transfer-config", json.dumps(ec_transfer_config(role, store)))
 
-    p, p_url = vllm_server("prefill", model, root, kv_config=connector("kv_producer", transfers),
-                           limits=limits, extra=(*plain, *prefill_extra))  # fmt: skip
-    d, d_url = vllm_server("decode", model, root, language_model_only=True,
-                           kv_config=connector("kv_consumer", transfers), extra=plain)  # fmt: skip
-    e, e_url = vllm_server("encoder", model, root, limits=limits,
-                           extra=(*_SCALE_OUT, *ec(EncoderCacheRole.PRODUCER)))  # fmt: skip
-    q, q_url = vllm_server(
+    p = vllm_server("prefill", model, root, kv_config=connector("kv_producer", transfers),
+                    limits=limits, extra=(*plain, *prefill_extra))  # fmt: skip
+    d = vllm_server("decode", model, root, language_model_only=True,
+                    kv_config=connector("kv_consumer", transfers), extra=plain)  # fmt: skip
+    e = vllm_server("encoder", model, root, limits=limits,
+                    extra=(*_SCALE_OUT, *ec(EncoderCacheRole.PRODUCER)))  # fmt: skip
+    q = vllm_server(
         "epd-prefill", model, root, kv_config=connector("kv_producer", transfers), limits=limits,
         extra=(*_SCALE_OUT, *ec(EncoderCacheRole.CONSUMER)),
     )  # fmt: skip
     with running([p, d, e, q]):
-        yield HttpFleet(p_url, d_url, e_url, q_url, store, root, scale_out)
+        yield HttpFleet(p.url, d.url, e.url, q.url, store, root, scale_out)
 
 
 @attrs.frozen
@@ -105,9 +105,9 @@ def pd_fleet(model: TinyModel, root: Path, *, limits: dict[str, int]) -> Iterato
     """Start a P/D pair of ``model``: two servers, for a model no other path runs."""
     root.mkdir(parents=True, exist_ok=True)
     transfers = root / "transfers"
-    p, p_url = vllm_server("prefill", model, root, kv_config=connector("kv_producer", transfers),
-                           limits=limits)  # fmt: skip
-    d, d_url = vllm_server("decode", model, root, language_model_only=True,
-                           kv_config=connector("kv_consumer", transfers))  # fmt: skip
+    p = vllm_server("prefill", model, root, kv_config=connector("kv_producer", transfers),
+                    limits=limits)  # fmt: skip
+    d = vllm_server("decode", model, root, language_model_only=True,
+                    kv_config=connector("kv_consumer", transfers))  # fmt: skip
     with running([p, d]):
-        yield PdFleet(p_url, d_url, root)
+        yield PdFleet(p.url, d.url, root)

@@ -23,7 +23,7 @@ import aiohttp
 import attrs
 from aiohttp import web
 from live_engines import BLOCK_SIZE
-from servers import ENGINE_ARGS, Server, free_port
+from servers import ENGINE_ARGS, Server, candidate_ports
 from tiny_models import TinyModel
 
 from pd_policy_vllm.http import HttpWorker
@@ -32,8 +32,8 @@ from pd_policy_vllm.http.flags import parser
 from pd_policy_vllm.http.proxy import Proxy
 
 __all__ = [
-    "InProcessProxy", "MediaHost", "Sent", "ThreadedSite", "data_url", "http_json", "proxy",
-    "read_fleet", "running_requests", "vllm_server", "wait_idle",
+    "InProcessProxy", "MediaHost", "Sent", "ThreadedSite", "data_url", "http_json",
+    "kv_events_config", "proxy", "read_fleet", "running_requests", "vllm_server", "wait_idle",
 ]  # fmt: skip
 
 #: The environment of a worker: describe itself, a small KV cache.
@@ -55,6 +55,23 @@ def _healthy(url: str) -> bool:
     return http_json(f"{url}/health", timeout=2)[0] == 200
 
 
+def serves(server: Server) -> bool:
+    """Whether ``server`` answers its ``/health``: a ``Server``'s ``ready``."""
+    return _healthy(server.url)
+
+
+def kv_events_config(port: int, replay_port: int) -> dict[str, Any]:
+    """A worker's ``--kv-events-config``: ZeroMQ, bound on every interface at ``port``,
+    its replay socket at ``replay_port``, every topic."""
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{port}",
+        "replay_endpoint": f"tcp://*:{replay_port}",
+        "topic": "",
+    }
+
+
 def vllm_server(
     name: str,
     model: TinyModel,
@@ -64,15 +81,17 @@ def vllm_server(
     kv_config: dict[str, Any] | None = None,
     limits: dict[str, int] | None = None,
     extra: tuple[str, ...] = (),
-    port: int | None = None,
-) -> tuple[Server, str]:
-    """``vllm serve`` of ``model`` on a free loopback port (or ``port``), not yet started;
-    and its URL."""
-    port = port if port is not None else free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [
+    events: bool = False,
+    ports: tuple[int, ...] | None = None,
+) -> Server:
+    """``vllm serve`` of ``model`` on a loopback port, not yet started (its URL: the
+    server's ``url``, once started). With ``events``, it publishes its KV events on two
+    more ports ([`kv_events_config`][http_peers.kv_events_config]). The ports are the
+    server's to choose, and to choose again when one is taken, unless ``ports`` fixes
+    them (a member restarted where it was)."""
+    common = [
         "-m", "vllm.entrypoints.openai.api_server",
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", "127.0.0.1",
         "--model", str(model.path), "--served-model-name", "tiny",
         "--dtype", "float32", "--enforce-eager", "--seed", "0",
         "--max-model-len", "1024", "--max-num-seqs", "4",
@@ -81,23 +100,36 @@ def vllm_server(
         *ENGINE_ARGS,
         *extra,
     ]  # fmt: skip
-    argv += ["--language-model-only"] if language_model_only else []
+    common += ["--language-model-only"] if language_model_only else []
     if not language_model_only:
-        argv += ["--limit-mm-per-prompt", json.dumps(limits or {"image": 1})]
+        common += ["--limit-mm-per-prompt", json.dumps(limits or {"image": 1})]
     if kv_config is not None:
-        argv += ["--kv-transfer-config", json.dumps(kv_config)]
-    server = Server(name, argv, logs / f"{name}.log", lambda: _healthy(url), dict(WORKER_ENV))
-    return server, url
+        common += ["--kv-transfer-config", json.dumps(kv_config)]
+
+    def command(ports: tuple[int, ...]) -> list[str]:
+        argv = [*common, "--port", str(ports[0])]
+        if events:
+            argv += ["--kv-events-config", json.dumps(kv_events_config(*ports[1:3]))]
+        return argv
+
+    count = 3 if events else 1
+    return Server(
+        name, command, logs / f"{name}.log", serves, dict(WORKER_ENV),
+        ports=ports if ports is not None else candidate_ports(count), fixed=ports is not None,
+    )  # fmt: skip
 
 
-def proxy(logs: Path, prefill: str, decode: list[str], *flags: str) -> tuple[Server, str]:
-    """``pd-policy-proxy`` in front of ``prefill`` and ``decode``, not yet started; its URL."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = ["-m", "pd_policy_vllm.http.cli", "--prefill", prefill, "--port", str(port), *flags]
+def proxy(logs: Path, prefill: str, decode: list[str], *flags: str) -> Server:
+    """``pd-policy-proxy`` in front of ``prefill`` and ``decode``, not yet started (its URL:
+    the server's ``url``, once started)."""
+    argv = ["-m", "pd_policy_vllm.http.cli", "--prefill", prefill, *flags]
     for worker in decode:
         argv += ["--decode", worker]
-    return Server("proxy", argv, logs / "proxy.log", lambda: _healthy(url)), url
+
+    def command(ports: tuple[int, ...]) -> list[str]:
+        return [*argv, "--port", str(ports[0])]
+
+    return Server("proxy", command, logs / "proxy.log", serves, ports=candidate_ports(1))
 
 
 def running_requests(url: str) -> float:
@@ -135,12 +167,13 @@ class Sent:
 
 
 class ThreadedSite:
-    """An ``aiohttp`` application (:meth:`app`) served on a free loopback port from a daemon
-    thread's own event loop, so that synchronous tests can call it while it runs."""
+    """An ``aiohttp`` application (:meth:`app`) served on a loopback port the OS picks (its
+    ``port`` and ``url`` once entered) from a daemon thread's own event loop, so that
+    synchronous tests can call it while it runs."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = 0
+        self.url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
@@ -152,7 +185,10 @@ class ThreadedSite:
     async def _start(self) -> None:
         self._runner = web.AppRunner(self.app(), handler_cancellation=True)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> Self:
         self._thread.start()

@@ -10,7 +10,7 @@ consumer) of one model on the ``TransferConnector``, over one transfer directory
 - caches prefixes (``--enable-prefix-caching``, blocks of ``BLOCK_SIZE``: 32 is a size
   the CPU attention backend takes; its default is 128) with the default ``sha256``
   block hashes, and publishes them on ZeroMQ (``--kv-events-config``: a PUB socket and
-  a replay socket bound on free ports);
+  a replay socket, on ports its ``Server`` chooses);
 - reports ``usage.prompt_tokens_details.cached_tokens``
   (``--enable-prompt-tokens-details``; the decode too, which then reports the
   prefill's count: vLLM hands it over as ``remote_prefill_cached_tokens``).
@@ -25,37 +25,24 @@ from the wire, each media identifier a string of its own (see
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import attrs
 from http_peers import http_json, vllm_server
 from live_engines import connector
-from servers import free_port, running
+from servers import running
 from tiny_models import TinyModel
 
-__all__ = ["PREFILLS", "KvFleet", "hash_seed", "kv_events_config", "kv_fleet"]
+__all__ = ["PREFILLS", "KvFleet", "hash_seed", "kv_fleet"]
 
 #: The prefills' names, in the order the fleet lists them.
 PREFILLS: Final = ("p1", "p2")
 _DETAILS: Final = ("--enable-prompt-tokens-details",)
 _NO_BLOCK: Final = {"model": "tiny", "prompt": "a", "max_tokens": 1}
-
-
-def kv_events_config(port: int, replay_port: int) -> dict[str, Any]:
-    """A worker's ``--kv-events-config``: ZeroMQ, bound on every interface at ``port``,
-    its replay socket at ``replay_port``, every topic."""
-    return {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{port}",
-        "replay_endpoint": f"tcp://*:{replay_port}",
-        "topic": "",
-    }
 
 
 def hash_seed() -> str | None:
@@ -91,17 +78,15 @@ def kv_fleet(model: TinyModel, root: Path) -> Iterator[KvFleet]:
     """Start the fleet of ``model`` (logs and transfers under ``root``); stop it after."""
     root.mkdir(parents=True, exist_ok=True)
     transfers = root / "transfers"
-    servers, urls = [], {}
-    for name in PREFILLS:
-        events = kv_events_config(free_port(), free_port())
-        extra = ("--enable-scale-out", "--enable-prefix-caching", *_DETAILS,
-                 "--kv-events-config", json.dumps(events))  # fmt: skip
-        server, urls[name] = vllm_server(name, model, root, extra=extra,
-                                         kv_config=connector("kv_producer", transfers))  # fmt: skip
-        servers.append(server)
-    decode, decode_url = vllm_server(
+    extra = ("--enable-scale-out", "--enable-prefix-caching", *_DETAILS)
+    prefills = {
+        name: vllm_server(name, model, root, extra=extra, events=True,
+                          kv_config=connector("kv_producer", transfers))
+        for name in PREFILLS
+    }  # fmt: skip
+    decode = vllm_server(
         "decode", model, root, language_model_only=True,
         kv_config=connector("kv_consumer", transfers), extra=_DETAILS,
     )  # fmt: skip
-    with running([*servers, decode]):
-        yield KvFleet(urls, decode_url, root)
+    with running([*prefills.values(), decode]):
+        yield KvFleet({name: s.url for name, s in prefills.items()}, decode.url, root)

@@ -13,20 +13,17 @@ worker reports its cached prompt tokens.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
-from urllib.parse import urlsplit
 
 import attrs
-from http_peers import _healthy, vllm_server
-from kv_fleet import kv_events_config
+from http_peers import serves, vllm_server
 from live_engines import connector
-from servers import START_TIMEOUT, Server, free_port, running, stop_all
+from servers import START_TIMEOUT, Server, candidate_ports, running, stop_all
 from tiny_models import TinyModel
 
 __all__ = ["ADMIN_KEY", "CLIENT_KEY", "WORKER_KEY", "Pool", "fleet_proxy", "pool_fleet"]
@@ -41,35 +38,40 @@ ADMIN_KEY: Final = "pool-admin-key"
 
 @attrs.define
 class Pool:
-    """The pool's servers by name (``p1``, ``p2``, ``d1``, ``d2``) and their URLs."""
+    """The pool's servers by name (``p1``, ``p2``, ``d1``, ``d2``); its prefills publish
+    their KV events when ``kv_events``."""
 
     model: TinyModel
     root: Path
     servers: dict[str, Server]
-    urls: dict[str, str]
-    #: Each prefill's KV-event ports (publisher, replay), when the pool publishes them.
-    events: dict[str, tuple[int, int]] = attrs.field(factory=dict)
+    kv_events: bool = False
+
+    @property
+    def urls(self) -> dict[str, str]:
+        """Each server's URL, by name (once started: its ports are its own to choose)."""
+        return {name: server.url for name, server in self.servers.items()}
 
     @property
     def baseline(self) -> str:
         """A full-vision server to match: the first prefill, sent plain requests."""
         return self.urls["p1"]
 
-    def _server(self, name: str, *, language_model_only: bool) -> Server:
-        role = "kv_producer" if name.startswith("p") else "kv_consumer"
-        port = urlsplit(self.urls[name]).port
+    def _server(
+        self, name: str, *, language_model_only: bool, ports: tuple[int, ...] | None = None
+    ) -> Server:
+        prefill = name.startswith("p")
+        role = "kv_producer" if prefill else "kv_consumer"
         extra: tuple[str, ...] = ("--api-key", WORKER_KEY)
-        if self.events:
+        if self.kv_events:
             extra += ("--enable-prompt-tokens-details",)
-        if name in self.events:
-            config = json.dumps(kv_events_config(*self.events[name]))
-            extra += ("--enable-scale-out", "--enable-prefix-caching",
-                      "--kv-events-config", config)  # fmt: skip
-        server, _ = vllm_server(
+        events = self.kv_events and prefill
+        if events:
+            extra += ("--enable-scale-out", "--enable-prefix-caching")
+        return vllm_server(
             name, self.model, self.root, language_model_only=language_model_only,
-            kv_config=connector(role, self.root / "transfers"), port=port, extra=extra,
+            kv_config=connector(role, self.root / "transfers"), extra=extra, events=events,
+            ports=ports,
         )  # fmt: skip
-        return server
 
     def kill(self, name: str) -> None:
         """Kill ``name``'s process group at once (SIGKILL), as a crash would."""
@@ -79,8 +81,9 @@ class Pool:
         server.process.wait()
 
     def start(self, name: str, *, language_model_only: bool) -> None:
-        """Start ``name`` again on its port, as the kind given; wait until it serves."""
-        server = self._server(name, language_model_only=language_model_only)
+        """Start ``name`` again on its ports, as the kind given; wait until it serves."""
+        ports = self.servers[name].ports  # where the proxy knows it: taken, it fails
+        server = self._server(name, language_model_only=language_model_only, ports=ports)
         server.start()
         server.wait_ready(time.monotonic() + START_TIMEOUT)
         self.servers[name] = server
@@ -91,10 +94,8 @@ def pool_fleet(model: TinyModel, root: Path, *, kv_events: bool = False) -> Iter
     """Start the pool of ``model`` (logs and transfers under ``root``); its prefills
     publishing their KV events when ``kv_events``."""
     root.mkdir(parents=True, exist_ok=True)
-    urls = {name: f"http://127.0.0.1:{free_port()}" for name in ("p1", "p2", "d1", "d2")}
-    events = {name: (free_port(), free_port()) for name in ("p1", "p2")} if kv_events else {}
-    pool = Pool(model, root, {}, urls, events)
-    for name in urls:
+    pool = Pool(model, root, {}, kv_events)
+    for name in ("p1", "p2", "d1", "d2"):
         pool.servers[name] = pool._server(name, language_model_only=name.startswith("d"))
     try:
         with running(list(pool.servers.values())):
@@ -103,20 +104,23 @@ def pool_fleet(model: TinyModel, root: Path, *, kv_events: bool = False) -> Iter
         stop_all(list(pool.servers.values()))  # restarted members are new processes
 
 
-def fleet_proxy(pool: Pool, *flags: str) -> tuple[Server, str]:
-    """``pd-policy-proxy`` in front of the whole pool, not yet started, and its URL: the
-    workers' key from the environment, the clients' from a file, probes every second,
-    the admin routes, to the admin key of the environment."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+def fleet_proxy(pool: Pool, *flags: str) -> Server:
+    """``pd-policy-proxy`` in front of the whole pool, once it runs (its members' URLs are
+    theirs then), not yet started (its URL: the server's ``url``, once started): the
+    workers' key from the environment, the clients' from a file, probes every second, the
+    admin routes, to the admin key of the environment."""
     keys = pool.root / "client-keys"
     keys.write_text(f"# the proxy's clients\n{CLIENT_KEY}\n")
-    argv = ["-m", "pd_policy_vllm.http.cli", "--port", str(port), "--no-mrope", "--admin",
+    argv = ["-m", "pd_policy_vllm.http.cli", "--no-mrope", "--admin",
             "--probe-interval", "1", "--api-keys-file", str(keys), *flags]  # fmt: skip
     for name in ("p1", "p2"):
         argv += ["--prefill", pool.urls[name]]
     for name in ("d1", "d2"):
         argv += ["--decode", pool.urls[name]]
     env = {"PD_POLICY_WORKER_API_KEY": WORKER_KEY, "PD_POLICY_ADMIN_API_KEYS": ADMIN_KEY}
-    server = Server("fleet-proxy", argv, pool.root / "fleet-proxy.log", lambda: _healthy(url), env)
-    return server, url
+
+    def command(ports: tuple[int, ...]) -> list[str]:
+        return [*argv, "--port", str(ports[0])]
+
+    return Server("fleet-proxy", command, pool.root / "fleet-proxy.log", serves, env,
+                  ports=candidate_ports(1))  # fmt: skip

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from servers import Server, free_port, stop_all
+from servers import Server, candidate_ports, stop_all
 
 __all__ = ["RayFleet", "ray_fleet"]
 
@@ -67,24 +67,28 @@ def ray_fleet(
 ) -> Iterator[RayFleet]:
     """The deployment of ``model`` (the LLaVA applications) and ``mrope_model`` (the
     Qwen2-VL one) of ``ray_stand.py``, started for the block."""
-    port = free_port()
     ready = root / "ready.json"
     spec: dict[str, Any] = {
         "model": str(model), "model_id": "llava", "transfers": str(root / "transfers"),
         "mrope_model": str(mrope_model), "mrope_model_id": "qwen2vl",
         "mrope_transfers": str(root / "mrope-transfers"),
-        "port": port, "decode_replicas": decode_replicas, "own": True, "ready": str(ready),
+        "decode_replicas": decode_replicas, "own": True, "ready": str(ready),
     }  # fmt: skip
     (root / "transfers").mkdir()
     (root / "mrope-transfers").mkdir()
     config = root / "stand.json"
-    config.write_text(json.dumps(spec))
-    server = Server("ray", [str(HERE / "ray_stand.py"), str(config)], root / "ray.log",
-                    ready=ready.exists)  # fmt: skip
+
+    def command(ports: tuple[int, ...]) -> list[str]:
+        # The HTTP port is in the config: written anew for each start.
+        config.write_text(json.dumps({**spec, "port": ports[0]}))
+        return [str(HERE / "ray_stand.py"), str(config)]
+
+    server = Server("ray", command, root / "ray.log", ready=lambda _: ready.exists(),
+                    ports=candidate_ports(1))  # fmt: skip
     server.start()
     try:
         server.wait_ready(time.monotonic() + DEPLOY_TIMEOUT)
-        yield RayFleet(f"http://127.0.0.1:{port}", json.loads(ready.read_text())["serve_logs"])
+        yield RayFleet(server.url, json.loads(ready.read_text())["serve_logs"])
     finally:
         stop_all([server])
         # The engines run in process groups of their own: killed by pid if the driver

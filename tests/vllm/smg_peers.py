@@ -18,7 +18,7 @@ from typing import Any, Final
 import attrs
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from live_engines import BLOCK_SIZE
-from servers import ENGINE_ARGS, Server, free_port
+from servers import ENGINE_ARGS, Server, candidate_ports
 from tiny_models import TinyModel
 
 import grpc
@@ -40,6 +40,10 @@ def _serving(address: str) -> bool:
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
+def _servicer_ready(server: Server) -> bool:
+    return _serving(server.address)
+
+
 def servicer(
     name: str,
     model: TinyModel,
@@ -50,19 +54,20 @@ def servicer(
     kv_role: str | None = None,
     transfer_dir: Path | None = None,
     port: int | None = None,
-) -> tuple[Server, str]:
-    """A servicer of ``model`` on a free loopback port, not yet started; and its address.
+    extra: tuple[str, ...] = (),
+) -> Server:
+    """A servicer of ``model`` on a loopback port, not yet started (its address: the
+    server's ``address``, once started).
 
     Full vision takes ``limits`` media per prompt (one image by default);
     ``language_model_only`` serves no media. ``kv_role`` (``kv_producer``,
     ``kv_consumer``) plugs in the ``TransferConnector`` over ``transfer_dir``. ``port``
-    restarts a servicer where it was (else a free one).
+    restarts a servicer where it was (else the server chooses, and chooses again when its
+    port is taken). ``extra`` are more flags.
     """
-    port = port if port is not None else free_port()
-    address = f"127.0.0.1:{port}"
     argv = [
         "-m", "vllm.entrypoints.launchers.grpc_server",
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", "127.0.0.1",
         "--model", str(model.path),
         "--dtype", "float32", "--enforce-eager", "--seed", "0",
         "--max-model-len", "1024", "--max-num-seqs", "4",
@@ -77,9 +82,15 @@ def servicer(
     if kv_role is not None:
         assert transfer_dir is not None
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(kv_role, transfer_dir))]
-    return Server(name, argv, logs / f"{name}.log", lambda: _serving(address), dict(SMG_ENV)), (
-        address
-    )
+    argv += extra
+
+    def command(ports: tuple[int, ...]) -> list[str]:
+        return [*argv, "--port", str(ports[0])]
+
+    return Server(
+        name, command, logs / f"{name}.log", _servicer_ready, dict(SMG_ENV),
+        ports=(port,) if port is not None else candidate_ports(1), fixed=port is not None,
+    )  # fmt: skip
 
 
 class Recorder(grpc.aio.UnaryStreamClientInterceptor):

@@ -16,15 +16,14 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-from servers import free_port
 from vllm.distributed.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVEventBatch,
-    ZmqEventPublisher,
 )
 
+from kv_publisher import bound_publisher
 from pd_policy.kv_blocks import HashAlgo
 from pd_policy.prefix_index import PrefixIndex
 from pd_policy_vllm.kv_events.feed import KvFeed
@@ -46,28 +45,20 @@ def stored(*hashes: int, medium: str | None = "GPU", group: int | None = None) -
 
 
 class Worker:
-    """vLLM's publisher on free ports of 127.0.0.1."""
+    """vLLM's publisher on ports the OS picked as it bound them (``kv_publisher``)."""
 
     def __init__(self, topic: str = "kv") -> None:
-        self.port, self.replay_port, self.topic = free_port(), free_port(), topic
-        self.publisher = self._start()
-
-    def _start(self) -> ZmqEventPublisher:
-        return ZmqEventPublisher(
-            0,
-            endpoint=f"tcp://*:{self.port}",
-            replay_endpoint=f"tcp://*:{self.replay_port}",
-            topic=self.topic,
-        )
+        self.topic = topic
+        self.publisher, self.port, self.replay_port = bound_publisher(topic)
 
     def publish(self, *events: Any) -> None:
         self.publisher.publish(KVEventBatch(ts=time.time(), events=list(events)))
 
     def restart(self) -> None:
         self.publisher.shutdown()
-        for _ in range(100):  # until the old sockets have let the ports go
+        for _ in range(100):  # on its ports again, once the old sockets have let them go
             try:
-                self.publisher = self._start()
+                self.publisher, _, _ = bound_publisher(self.topic, self.port, self.replay_port)
                 return
             except zmq.ZMQError:
                 time.sleep(0.05)

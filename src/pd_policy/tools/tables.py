@@ -1,7 +1,7 @@
 """The docs tables, rendered from the code so the docs cannot drift from it.
 
 ``docs/decisions.md``, ``docs/epd.md``, ``docs/errors.md``, ``docs/grpc.md`` and
-``docs/architecture.md`` hold these tables between
+``docs/architecture.md`` and ``docs/security.md`` hold these tables between
 ``<!-- BEGIN GENERATED: name -->`` and ``<!-- END GENERATED: name -->``
 markers; a test checks that they are current and ``pd-policy tables --write``
 rewrites them.
@@ -23,6 +23,7 @@ from pd_policy.exchange_states import TRANSITIONS, Phase
 from pd_policy.handoff_fields import REQUIRED_KV_FIELDS
 from pd_policy.mrope import has_mrope_grids
 from pd_policy.request import Request
+from pd_policy.router_fields import ROUTER_FIELDS
 from pd_policy.tensor import PayloadLocation
 from pd_policy.worker import Support, WorkerCapability
 
@@ -34,6 +35,7 @@ __all__ = [
     "epd_table",
     "error_table",
     "exchange_table",
+    "router_fields_table",
     "splice",
 ]
 
@@ -222,6 +224,19 @@ def exchange_table() -> str:
     return "\n".join(lines)
 
 
+def router_fields_table() -> str:
+    """The fields only a router may set, and what becomes of a client's."""
+    lines = ["| field | from a client | why the router owns it |", "|---|---|---|"]
+    for field in ROUTER_FIELDS:
+        done = (
+            "refused: 400 `pd_router_owned_field`"
+            if field.on_client.value == "refuse"
+            else ("dropped (logged once at INFO)")
+        )
+        lines.append(f"| `{field.name}` | {done} | {field.why} |")
+    return "\n".join(lines)
+
+
 #: Every generated table, by the name its markers use.
 TABLES: Final[dict[str, Callable[[], str]]] = {
     "connectors": connector_table,
@@ -229,6 +244,7 @@ TABLES: Final[dict[str, Callable[[], str]]] = {
     "epd": epd_table,
     "errors": error_table,
     "exchange": exchange_table,
+    "router-fields": router_fields_table,
 }
 
 

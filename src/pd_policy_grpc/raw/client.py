@@ -20,8 +20,15 @@ from pd_policy import DecodeCandidate, plan_kv_handoff, select_decode_workers
 from pd_policy.exchange_events import HandoffCheck, KvFacts
 from pd_policy_grpc.calls import PdCalls
 from pd_policy_grpc.driver import PairAttempt, drive, one_pair_of
-from pd_policy_grpc.raw.legs import apply_kv_handoff, build_decode_leg, prefill_leg, relay_kv
-from pd_policy_grpc.raw.reader import RawRequest, read_request
+from pd_policy_grpc.raw.admission import read_admitted
+from pd_policy_grpc.raw.legs import (
+    apply_kv_handoff,
+    build_decode_leg,
+    prefill_leg,
+    relay_kv,
+    with_request_id,
+)
+from pd_policy_grpc.raw.reader import RawRequest
 from pd_policy_grpc.raw.splice import RawLeg
 from pd_policy_grpc.view import has_mm_inputs
 from pd_policy_grpc.wire import pb
@@ -29,10 +36,6 @@ from pd_policy_grpc.wire import pb
 __all__ = ["BytesStub", "SequentialPdBytes"]
 
 _SERVICE: Final = pb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
-
-
-def _read(data: bytes | RawRequest) -> RawRequest:
-    return data if isinstance(data, RawRequest) else read_request(data)
 
 
 class BytesStub:
@@ -72,8 +75,9 @@ class SequentialPdBytes(PdCalls):
         handoff = plan_kv_handoff(self.kv, n=request.n)
         check = HandoffCheck(form, has_mm_inputs(request.skeleton), handoff.mode)
         stub = self._stubs[id(chosen.handle)]
-        leg = apply_kv_handoff(leg, handoff)
-        return PairAttempt(leg, stub, handoff.runs_prefill, check, handoff)
+        own = self._request_id(request.skeleton.request_id)
+        leg = with_request_id(apply_kv_handoff(leg, handoff), own)
+        return PairAttempt(leg, stub, handoff.runs_prefill, check, handoff, own)
 
     def handoff_of(self, attempt: PairAttempt[RawLeg]) -> KvFacts:
         """The handoff the attempt's decode leg carries now."""
@@ -82,14 +86,14 @@ class SequentialPdBytes(PdCalls):
     async def prefill(self, request: RawRequest, attempt: PairAttempt[RawLeg]) -> None:
         """The sanitised prefill leg, and what it returned relayed."""
         handoff = attempt.handoff
-        leg = bytes(prefill_leg(request, handoff))
-        complete = await self._run_prefill(leg, request.skeleton.request_id)
+        leg = bytes(with_request_id(prefill_leg(request, handoff), attempt.request_id))
+        complete = await self._run_prefill(leg, attempt.request_id)
         if handoff.relays:
             attempt.leg = relay_kv(attempt.leg, complete)
 
     def decode(self, request: RawRequest, attempt: PairAttempt[RawLeg]) -> AsyncGenerator[bytes]:
         """The decode leg's responses, as the worker serialized them."""
-        return self._stream_decode(attempt.decode, bytes(attempt.leg), request.skeleton.request_id)
+        return self._stream_decode(attempt.decode, bytes(attempt.leg), attempt.request_id)
 
     def generate(self, data: bytes | RawRequest) -> AsyncGenerator[bytes]:
         """Serve a serialized request (or one already read); yields the decode responses'
@@ -99,7 +103,13 @@ class SequentialPdBytes(PdCalls):
         a valid ``GenerateRequest``, and everything
         [`SequentialPd.generate`][pd_policy_grpc.client.SequentialPd.generate] raises.
         """
-        return drive(data, self.own, one_pair_of, read=_read)
+        return drive(data, self.own, one_pair_of, read=self.admit)
+
+    def admit(self, data: bytes | RawRequest) -> RawRequest:
+        """``data`` read (unless it already is) and admitted
+        ([`read_admitted`][pd_policy_grpc.raw.admission.read_admitted], under this router's
+        ``max_media_items``): what ``generate`` does first."""
+        return read_admitted(data, self.max_media_items)
 
     def choose(self, request: RawRequest) -> DecodeCandidate[grpc.aio.Channel]:
         """The decode candidate ``generate`` would use for ``request``; raises as

@@ -36,9 +36,17 @@ from .protowire import LEN, VARINT, length_prefix, tag, varint
 from .reader import EXTRA_MM_INPUTS, MM_INPUTS, RawRequest
 from .splice import Entry, RawLeg, message_entry
 
-__all__ = ["apply_kv_handoff", "build_decode_leg", "ensure_kv_handoff", "prefill_leg", "relay_kv"]
+__all__ = [
+    "apply_kv_handoff",
+    "build_decode_leg",
+    "ensure_kv_handoff",
+    "prefill_leg",
+    "relay_kv",
+    "with_request_id",
+]
 
 _REQUEST: Final = pb.GenerateRequest.DESCRIPTOR.fields_by_name
+_REQUEST_ID: Final[int] = _REQUEST["request_id"].number
 _SAMPLING: Final[int] = _REQUEST["sampling_params"].number
 _STREAM: Final[int] = _REQUEST["stream"].number
 _KV_LEGACY: Final[int] = _REQUEST["kv_transfer_params"].number
@@ -169,6 +177,11 @@ def relay_kv(leg: RawLeg, complete: pb.GenerateComplete) -> RawLeg:
         typed = complete.kv_transfer_params
         leg = leg.without((_KV_LEGACY, LEN)).plus(message_entry(_KV_LEGACY, typed))
     return leg
+
+
+def with_request_id(leg: RawLeg, request_id: str) -> RawLeg:
+    """The ``leg`` under ``request_id`` alone: every occurrence the caller wrote goes."""
+    return leg.replaced(_REQUEST_ID, LEN, _text_field(_REQUEST_ID, request_id))
 
 
 def ensure_kv_handoff(

@@ -23,10 +23,12 @@ from typing import Final
 import attrs
 
 from pd_policy import MROPE_GRID_KEYS, MalformedRequest, Request
+from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS
 from pd_policy_grpc.facts import WireFacts, check_generate_request, read_facts
 from pd_policy_grpc.view import request_view
 from pd_policy_grpc.wire import pb
 
+from .items import Tally
 from .protowire import LEN, Field, fields, length_prefix
 
 __all__ = ["RawRequest", "read_request"]
@@ -38,6 +40,8 @@ EXTRA_MM_INPUTS: Final[int] = _REQUEST["extra_mm_inputs"].number
 _PIXELS: Final[int] = _BATCH["pixel_values"].number
 _TENSORS: Final[int] = _BATCH["model_specific_tensors"].number
 _FLAT_KEYS: Final[int] = _BATCH["flat_keys"].number
+_HASHES: Final[int] = _BATCH["mm_hashes"].number
+_RANGES: Final[int] = _BATCH["mm_placeholders"].number
 _INLINE: Final[int] = pb.TensorData.DESCRIPTOR.fields_by_name["inline"].number
 # A map entry is a message of its key (field 1) and its value (field 2).
 _KEY: Final = 1
@@ -61,6 +65,9 @@ class RawRequest:
     skeleton: pb.GenerateRequest = attrs.field(repr=False)
     #: The top-level fields, in wire order.
     fields: tuple[Field, ...] = attrs.field(repr=False)
+    #: Its media items, counted before the skeleton was parsed (exact up to the reader's
+    #: cap: [`Tally`][pd_policy_grpc.raw.items.Tally]).
+    media_items: int = attrs.field(kw_only=True)
 
     @property
     def n(self) -> int:
@@ -76,28 +83,47 @@ class RawRequest:
         return read_facts(self.skeleton, check=False)
 
 
-def read_request(data: bytes | bytearray | memoryview, *, check: bool = True) -> RawRequest:
+def read_request(
+    data: bytes | bytearray | memoryview,
+    *,
+    check: bool = True,
+    max_media_items: int = DEFAULT_MAX_MEDIA_ITEMS,
+) -> RawRequest:
     """Read a serialized ``GenerateRequest`` without reading or copying its tensor payloads.
 
-    Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400) for bytes the
-    protobuf runtime would not parse as a ``GenerateRequest``, and, unless ``check=False``,
-    for a message that fails
+    Raises [`TooManyMediaItems`][pd_policy.client_errors.TooManyMediaItems] (400) for a
+    request of more than ``max_media_items`` media items, counted from the tags before
+    anything is parsed; [`MalformedRequest`][pd_policy.errors.MalformedRequest] (400) for
+    bytes the protobuf runtime would not parse as a ``GenerateRequest``, and, unless
+    ``check=False``, for a message that fails
     [`check_generate_request`][pd_policy_grpc.facts.check_generate_request].
     """
     buf = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
-    top = tuple(fields(buf))
+    # The media items are counted in the walks below, each refusing the request once past
+    # the cap: the walk stops there, and nothing is parsed.
+    tally = Tally(max_media_items)
+    walked = []
+    for field in fields(buf):
+        walked.append(field)
+        tally.top(buf, field)
+    top = tuple(walked)
     # The primary batch may come in several occurrences, which merge: a flat key in one
     # can name a sizes tensor in another.
     primary: set[str] = set()
     for field in top:
         if field.wire_type == LEN and field.number == MM_INPUTS:
-            primary |= _map_value_names(buf, field)
+            names, hashes, ranges = _scan_batch(buf, field, *tally.primary_budgets())
+            primary |= names
+            tally.primary(hashes, ranges)
     parts: Parts = []
     for field in top:
         if field.wire_type == LEN and field.number == MM_INPUTS:
             _batch(buf, field, parts, primary)
         elif field.wire_type == LEN and field.number == EXTRA_MM_INPUTS:
-            _batch(buf, field, parts, _map_value_names(buf, field))
+            budget = tally.extra_budget()
+            names, hashes, ranges = _scan_batch(buf, field, budget, budget)
+            tally.extra(hashes, ranges)
+            _batch(buf, field, parts, names)
         else:
             parts.append(buf[field.start : field.end])
     skeleton = pb.GenerateRequest()
@@ -107,7 +133,7 @@ def read_request(data: bytes | bytearray | memoryview, *, check: bool = True) ->
         raise MalformedRequest("the bytes are not a GenerateRequest", param="request") from None
     if check:
         check_generate_request(skeleton)
-    return RawRequest(buf, skeleton, top)
+    return RawRequest(buf, skeleton, top, media_items=tally.total)
 
 
 def _text(buf: memoryview, field: Field) -> str:
@@ -115,17 +141,33 @@ def _text(buf: memoryview, field: Field) -> str:
     return bytes(buf[field.value : field.end]).decode("utf-8", "replace")
 
 
-def _map_value_names(buf: memoryview, batch: Field) -> set[str]:
-    """The values of the batch's ``flat_keys`` entries (the names of sizes tensors)."""
+def _scan_batch(
+    buf: memoryview, batch: Field, hash_budget: int, range_budget: int
+) -> tuple[set[str], int, int]:
+    """The values of the batch's ``flat_keys`` entries (the names of sizes tensors), and its
+    content hashes and placeholder ranges, counted until past their budgets (the walk
+    stops there: the request is refused)."""
     names = set()
+    hashes = ranges = 0
     for field in fields(buf, batch.value, batch.end):
-        if field.number == _FLAT_KEYS and field.wire_type == LEN:
+        if field.wire_type != LEN:
+            continue  # another wire type is an unknown field to the runtime
+        number = field.number
+        if number == _HASHES:
+            hashes += 1
+            if hashes > hash_budget:
+                break
+        elif number == _RANGES:
+            ranges += 1
+            if ranges > range_budget:
+                break
+        elif number == _FLAT_KEYS:
             value = ""  # the last occurrence of a field wins, as in any message
             for inner in fields(buf, field.value, field.end):
                 if inner.number == _VALUE and inner.wire_type == LEN:
                     value = _text(buf, inner)
             names.add(value)
-    return names
+    return names, hashes, ranges
 
 
 def _entry_key(buf: memoryview, entry: Field) -> str:

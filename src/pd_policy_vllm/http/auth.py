@@ -113,7 +113,9 @@ def _lines(path: Path, what: str) -> list[str]:
     except (OSError, UnicodeError):
         # The path may be secret-bearing; name the setting, not the file's content.
         raise InvalidConfiguration(f"cannot read the {what} file", param=what) from None
-    return [line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"]
+    # Stripped before the comment check: an indented "# old key" is a comment, not a key.
+    stripped = (line.strip() for line in text.splitlines())
+    return [line for line in stripped if line and not line.startswith("#")]
 
 
 def read_keys(

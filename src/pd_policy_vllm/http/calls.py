@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from pd_policy import MalformedRequest, WorkerFailedToStart, WorkerStreamError
 from pd_policy_vllm.http.aio import aiohttp
+from pd_policy_vllm.http.redact import Redactor
 from pd_policy_vllm.http.upstream import Response, Upstream, UpstreamTimeout
 from pd_policy_vllm.openai.wire.codec import loads
 from pd_policy_vllm.openai.wire.splice import Spliced, written
@@ -31,9 +32,13 @@ __all__ = [
 #: The header vLLM takes a request's id from; every leg of a request carries the same.
 REQUEST_ID_HEADER: Final = "X-Request-Id"
 _JSON: Final = "application/json"
+#: The characters of a worker's error body that is not JSON relayed at most.
+_RAW_DETAIL: Final = 500
 
 
-async def worker_error(leg: str, response: Response) -> WorkerFailedToStart:
+async def worker_error(leg: str, response: Response, redactor: Redactor) -> WorkerFailedToStart:
+    """The error of a leg whose worker answered ``response``, an error: its own message
+    (or the start of its body), every key of ``redactor`` redacted."""
     if response.status in (401, 403):
         # The router's own credentials were refused: the client's are not in question,
         # so it is told of a bad gateway, not that it is unauthorized.
@@ -45,9 +50,11 @@ async def worker_error(leg: str, response: Response) -> WorkerFailedToStart:
     # The worker's own message (vLLM's OpenAI error body), without its request body.
     raw = await response.read()
     try:
-        detail = str(loads(raw, what="the worker's error")["error"]["message"])
+        detail = redactor.text(str(loads(raw, what="the worker's error")["error"]["message"]))
     except Exception:
-        detail = raw[:500].decode("utf-8", "replace")
+        # Redacted before it is cut: a key across the cut would leave its start behind.
+        start = raw[: _RAW_DETAIL + 4 * redactor.longest_text].decode("utf-8", "replace")
+        detail = redactor.text(start)[:_RAW_DETAIL]
     return WorkerFailedToStart(leg, detail=detail, http_status=response.status)
 
 
@@ -103,7 +110,7 @@ async def post_json(
         data = body.chunks() if isinstance(body, Spliced) else body
         async with await upstream.post(url, data, headers) as r:
             if r.status != 200:
-                raise await worker_error(leg, r)
+                raise await worker_error(leg, r, upstream.redactor)
             raw = await r.read()
     except aiohttp.ClientError as exc:
         raise failed_leg(leg, exc) from exc

@@ -52,6 +52,7 @@ from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.fleet.probe import Probe
 from pd_policy_vllm.http.fleet.routing import decode_capability
+from pd_policy_vllm.http.log_filter import install as redact_logs
 from pd_policy_vllm.http.media.fetch import RemoteMedia
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.openai.workers import HttpWorker
@@ -191,6 +192,7 @@ def _configured(
     args: argparse.Namespace,
 ) -> tuple[Fleet, Keys, RemoteMedia | None, AllowedHosts | None]:
     keys, hosts = _admin(args)
+    redact_logs(keys)  # before any worker is called: what it says may be logged
     fleet = asyncio.run(read_fleet(args, keys))
     remote = RemoteMedia(args.remote_media) if args.remote_media else None
     unknown = [m for m in fleet.of("prefill") if not m.worker.media.rules.known]

@@ -17,6 +17,7 @@ import attrs
 
 from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.media.guard import MediaLimits, media_session
+from pd_policy_vllm.http.redact import Redactor
 from pd_policy_vllm.http.upstream import Limits, Observer, Upstream
 
 __all__ = ["Clients", "open_clients"]
@@ -37,8 +38,10 @@ async def open_clients(
     media_limits: MediaLimits,
     observers: Sequence[Observer],
     trace_configs: Sequence[aiohttp.TraceConfig],
+    redactor: Redactor | None = None,
 ) -> AsyncIterator[Clients]:
-    """The three clients, closed on leaving (the legs' connections too)."""
+    """The three clients, closed on leaving (the legs' connections too); the legs' redact
+    what they relay of the workers' answers with ``redactor``."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout)
     async with (
         media_session(media_limits, trace_configs=list(trace_configs)) as media,
@@ -46,7 +49,7 @@ async def open_clients(
             timeout=timeout, trace_configs=list(trace_configs) or None
         ) as workers,
     ):
-        legs = Upstream(observers, limits)
+        legs = Upstream(observers, limits, redactor)
         try:
             yield Clients(workers, legs, media)
         finally:

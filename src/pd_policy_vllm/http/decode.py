@@ -40,7 +40,9 @@ async def relay(
         leg = decode_leg_of(plan, attempt.leg or handed_over(plan, None), attempt.reply)
         if incoming.translate is not None:
             leg = incoming.translate(leg, plan.form in STRIPPED)
-        decode = attempt.relay = DecodeRelay(attempt.client, first_byte)
+        decode = attempt.relay = DecodeRelay(
+            attempt.client, first_byte, upstream.redactor, incoming.echo
+        )
         url = action.member.worker.url
         late = await decode.run(upstream, url, leg, headers, stream=incoming.stream)
     except PolicyError as exc:

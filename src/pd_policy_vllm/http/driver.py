@@ -37,7 +37,7 @@ from pd_policy_vllm.http.fleet.kv_routing import KvRouting
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.fleet.metrics import Metrics
 from pd_policy_vllm.http.fleet.routing import HttpPlacer
-from pd_policy_vllm.http.front_door import Incoming, error_response
+from pd_policy_vllm.http.front_door import Incoming
 from pd_policy_vllm.http.planning import Planning
 from pd_policy_vllm.http.request_log import log_request
 from pd_policy_vllm.http.send import send
@@ -126,7 +126,8 @@ class Driver:
         if action.error is None or action.late:
             assert attempt.relay is not None and attempt.relay.response is not None
             return attempt.relay.response
-        return error_response(action.error)
+        # Any leg's: a worker's words, or a worker's answer the proxy quotes, redacted.
+        return upstream.redactor.error_response(action.error)
 
     def _record(self, attempt: Attempt, finish: object, attempts: int) -> None:
         assert isinstance(finish, Finish)
@@ -155,4 +156,5 @@ class Driver:
                 finish.outcome,
                 attempts,
                 attempt.arrived,
+                incoming.client_id,
             )

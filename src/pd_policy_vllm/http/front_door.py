@@ -41,13 +41,15 @@ import asyncio
 import contextlib
 import functools
 import gc
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import attrs
 
-from pd_policy import BodyTooLarge, ClientTooSlow, ClientUuids, PolicyError
+from pd_policy import BodyTooLarge, ClientTooSlow, ClientUuids, PolicyError, check_client_fields
 from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS, check_media_items
+from pd_policy.router_fields import RouterField, without_dropped
 from pd_policy_vllm.http.aio import web
 from pd_policy_vllm.openai.media.digests import hashing
 from pd_policy_vllm.openai.media.parts import count_media_items
@@ -69,6 +71,7 @@ __all__ = [
     "error_response",
     "refusal",
 ]
+logger = logging.getLogger("pd_policy_vllm.http")
 #: Seconds for a request's head, by default: generous for any client, and above the idle
 #: timeouts balancers close their own connections at (60 s for most).
 HEADER_TIMEOUT: Final = 75.0
@@ -102,11 +105,15 @@ def error_response(error: PolicyError) -> web.Response:
     return web.json_response(error.to_body(), status=error.status, headers=error.headers())
 
 
-async def refusal(request: web.Request, error: PolicyError) -> web.StreamResponse:
-    """The client's answer for ``error``. A body too large ends its connection (the rest of
-    it is not wanted); a client too slow gets its answer at once and the connection is
-    closed after it, so that the slow body is not read any further."""
+async def refusal(
+    request: web.Request, error: PolicyError, headers: dict[str, str] | None = None
+) -> web.StreamResponse:
+    """The client's answer for ``error``, with ``headers`` besides the error's. A body too
+    large ends its connection (the rest of it is not wanted); a client too slow gets its
+    answer at once and the connection is closed after it, so that the slow body is not
+    read any further."""
     response = error_response(error)
+    response.headers.update(headers or {})
     if isinstance(error, BodyTooLarge):
         response.force_close()
     if not isinstance(error, ClientTooSlow):
@@ -157,11 +164,13 @@ async def _whole(request: web.Request, limit: int) -> bytes:
 
 @attrs.frozen(slots=True)
 class Incoming:
-    """A client's request, admitted: its id, the ``route`` it is planned as and the
-    ``path`` it came on, its ``body`` (parsed; its uuids scoped), the client's bytes a
+    """A client's request, admitted: its id (the proxy's own, the one every leg carries),
+    the ``route`` it is planned as and the ``path`` it came on, its ``body`` (parsed; its
+    uuids scoped, the router's fields a client may send dropped), the client's bytes a
     prefill leg may be spliced from (``raw``: ``None`` once the body was changed), whether
-    it streams, and for another API planned as chat (the Responses API) how its decode leg
-    is made of the chat one (``translate``)."""
+    it streams, for another API planned as chat (the Responses API) how its decode leg is
+    made of the chat one (``translate``), and the id the client gave it (``client_id``,
+    its ``X-Request-Id``: for the log, and echoed back)."""
 
     request_id: str
     route: Route
@@ -170,6 +179,14 @@ class Incoming:
     raw: bytes | None
     stream: bool
     translate: Callable[[Leg, bool], Leg] | None = None
+    client_id: str | None = None
+    #: The id the answer carries back: the client's, else the proxy's own.
+    echo: str = attrs.field(
+        default=attrs.Factory(
+            lambda self: self.client_id if self.client_id is not None else self.request_id,
+            takes_self=True,
+        )
+    )
 
 
 async def client_body(request: web.Request, door: FrontDoor) -> bytes:
@@ -193,17 +210,24 @@ async def admit(
     *,
     keyed: bool,
     served_as: str | None = None,
+    client_id: str | None = None,
 ) -> Incoming:
     """The request ``request_id`` of a client the proxy let in, admitted (see the module
     docs): ``keyed`` when the proxy checks clients' keys (its bearer key is then one of
     its tenant's names); ``served_as`` is the client's route when it is another API
-    planned as ``route``. Raises the refusals of reading and parsing the body (413, 408,
-    400), and [`TooManyMediaItems`][pd_policy.client_errors.TooManyMediaItems] (400)."""
+    planned as ``route``; ``client_id`` the id the client gave it. Raises the refusals of
+    reading and parsing the body (413, 408, 400),
+    [`TooManyMediaItems`][pd_policy.client_errors.TooManyMediaItems] (400), and
+    [`RouterOwnedField`][pd_policy.client_errors.RouterOwnedField] (400) for a field only
+    the router may set: no worker ever sees one of a client's."""
     raw = await client_body(request, door)
     with _no_cycle_collection():
         body = _parsed(
             raw, skims=route is Route.CHAT and served_as is None, most=door.max_media_items
         )
+    dropped = check_client_fields(body)
+    if dropped:
+        body = _dropping(body, dropped)
     stream = isinstance(body, dict) and bool(body.get("stream"))
     authorization = request.headers.get("Authorization")
     body, spliceable = scoped_body(body, raw, authorization, keyed=keyed, mode=uuids)
@@ -218,4 +242,17 @@ async def admit(
         # Its large items hashed in a thread: the plan finds their digests on them.
         body = await asyncio.to_thread(work)
     path = served_as or route.value
-    return Incoming(request_id, route, path, body, spliceable, stream, translate)
+    return Incoming(request_id, route, path, body, spliceable, stream, translate, client_id)
+
+
+_told: set[str] = set()
+
+
+def _dropping(body: Any, dropped: tuple[RouterField, ...]) -> Any:
+    # vLLM's own clients send these: dropped, not refused, and said once a process at INFO
+    # (a client that sends one sends it on every request).
+    for field in dropped:
+        level = logging.DEBUG if field.name in _told else logging.INFO
+        _told.add(field.name)
+        logger.log(level, "dropped a client's %s: the router sets its own", field.name)
+    return without_dropped(body, dropped)

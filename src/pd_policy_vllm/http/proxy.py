@@ -41,10 +41,12 @@ from pd_policy_vllm.http.fleet.metrics import CONTENT_TYPE, Metrics
 from pd_policy_vllm.http.fleet.models import fleet_models
 from pd_policy_vllm.http.fleet.probe import Probe, probing
 from pd_policy_vllm.http.front_door import FrontDoor, admit, error_response, refusal
+from pd_policy_vllm.http.log_filter import install as redact_logs
 from pd_policy_vllm.http.media.fetch import RemoteMedia
 from pd_policy_vllm.http.media.guard import MediaLimits
 from pd_policy_vllm.http.media.pinning import fetch_budget
 from pd_policy_vllm.http.planning import Planning
+from pd_policy_vllm.http.redact import Redactor
 from pd_policy_vllm.http.request_log import log_request
 from pd_policy_vllm.http.upstream import DEFAULT_LIMITS, Limits, Observer
 from pd_policy_vllm.openai.plan.request import Route
@@ -145,7 +147,10 @@ class Proxy:
         self.draining = False
 
     def app(self) -> web.Application:
-        """The ``aiohttp`` application; its client session (and prober) live as long as it."""
+        """The ``aiohttp`` application; its client session (and prober) live as long as it.
+        From now on the log holds none of the proxy's keys
+        ([`log_filter`][pd_policy_vllm.http.log_filter])."""
+        redact_logs(self.keys)
         app = web.Application(client_max_size=self.front_door.max_body)
         app.router.add_post(Route.CHAT.value, self._chat)
         app.router.add_post(Route.COMPLETIONS.value, self._completions)
@@ -163,7 +168,11 @@ class Proxy:
 
     async def _session(self, app: web.Application) -> Any:
         async with open_clients(
-            self.limits, self.media_limits, self.observers, self.trace_configs
+            self.limits,
+            self.media_limits,
+            self.observers,
+            self.trace_configs,
+            Redactor.of(self.keys),
         ) as clients:
             app[_CLIENTS] = clients
             headers = self.keys.worker_headers()
@@ -222,7 +231,11 @@ class Proxy:
     async def _models(self, request: web.Request) -> web.Response:
         if not self.keys.admits(request.headers.get("Authorization")):
             return error_response(Unauthorized())
-        return await fleet_models(self.session(request), self.fleet, self.keys.worker_headers())
+        session, keys = self.session(request), self.keys
+        models = await fleet_models(session, self.fleet, keys.worker_headers())
+        if isinstance(models.body, bytes):  # the workers' own words: no key of the proxy's
+            models.body = request.app[_CLIENTS].legs.redactor.data(models.body)
+        return models
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self.serve(request, Route.CHAT)
@@ -241,7 +254,11 @@ class Proxy:
         """Serve one client request on ``route``; ``served_as`` is the client's route when
         it is another API that is planned as ``route`` (the Responses API, as chat)."""
         arrived = time.monotonic()
-        request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        # The workers see the proxy's own id, unique per request: two clients that choose
+        # one id must not collide on an engine. The client's is logged and echoed back.
+        request_id = uuid.uuid4().hex
+        client_id = request.headers.get(REQUEST_ID_HEADER)
+        echo = client_id if client_id is not None else request_id
         keys = self.keys
         try:
             if not keys.admits(request.headers.get("Authorization")):
@@ -254,11 +271,17 @@ class Proxy:
                 self.client_uuids,
                 keyed=bool(keys.clients),
                 served_as=served_as,
+                client_id=client_id,
             )
         except PolicyError as exc:
             # Refused at the door, before any plan: logged, not counted by form.
             if self.log_requests:
                 path = served_as or route.value
-                log_request(request_id, path, None, None, exc.status, exc.code, 1, arrived)
-            return await refusal(request, exc)
-        return await request.app[_DRIVER].run(request, incoming, arrived)
+                log_request(
+                    request_id, path, None, None, exc.status, exc.code, 1, arrived, client_id
+                )
+            return await refusal(request, exc, {REQUEST_ID_HEADER: echo})
+        response = await request.app[_DRIVER].run(request, incoming, arrived)
+        if not response.prepared:  # a stream's went out with its head (DecodeRelay)
+            response.headers[REQUEST_ID_HEADER] = echo
+        return response

@@ -1,9 +1,11 @@
 """Relaying the decode's answer to the client.
 
 The decode's answer goes back as the worker sent it: a JSON body byte for
-byte, or its server-sent events chunk by chunk. A leg whose output is tokens
-(the metadata path, [`scale_out`][pd_policy_vllm.openai.plan.scale_out]) is derendered on
-the decode server first, whole or one event at a time.
+byte, or its server-sent events chunk by chunk, but for the proxy's keys, redacted
+([`redact`][pd_policy_vllm.http.redact]), as is any error the stream ends with. A leg
+whose output is tokens (the metadata path,
+[`scale_out`][pd_policy_vllm.openai.plan.scale_out]) is derendered on the decode server
+first, whole or one event at a time.
 
 A client that disconnects cancels the handler; leaving the request's block
 closes the upstream connection, and vLLM aborts a request whose client is gone.
@@ -18,7 +20,14 @@ from typing import Final
 
 from pd_policy import PolicyError, WorkerStreamError
 from pd_policy_vllm.http.aio import aiohttp, web
-from pd_policy_vllm.http.calls import failed_leg, parsed, post_json, worker_error
+from pd_policy_vllm.http.calls import (
+    REQUEST_ID_HEADER,
+    failed_leg,
+    parsed,
+    post_json,
+    worker_error,
+)
+from pd_policy_vllm.http.redact import Redactor
 from pd_policy_vllm.http.upstream import Response, Upstream, UpstreamTimeout
 from pd_policy_vllm.openai.plan.legs import Leg
 from pd_policy_vllm.openai.plan.scale_out import Derender
@@ -74,11 +83,19 @@ class DecodeRelay:
 
     ``first_byte`` is called as the status line goes out (a streamed answer): from then on
     a failure can only end the stream. A whole answer goes out when the handler returns it,
-    with nothing left to fail.
+    with nothing left to fail. What goes out is redacted by ``redactor``; a stream's head
+    carries ``request_id`` (the id the client's answer echoes).
     """
 
-    def __init__(self, request: web.Request, first_byte: Callable[[], object]) -> None:
+    def __init__(
+        self,
+        request: web.Request,
+        first_byte: Callable[[], object],
+        redactor: Redactor,
+        request_id: str,
+    ) -> None:
         self._request, self._first_byte = request, first_byte
+        self._redactor, self._request_id = redactor, request_id
         self.response: web.StreamResponse | None = None
         self.first_byte_at = 0.0
         self.sent = 0
@@ -108,7 +125,7 @@ class DecodeRelay:
         try:
             async with await upstream.post(url + leg.route, data, headers) as up:
                 if up.status != 200:
-                    raise await worker_error("decode", up)
+                    raise await worker_error("decode", up, self._redactor)
                 if not stream:
                     raw = await up.read()
                     if leg.derender is not None:
@@ -116,21 +133,28 @@ class DecodeRelay:
                         route = url + leg.derender.route
                         answer = await post_json(upstream, "decode", route, whole, headers)
                         raw = dumps(leg.derender.with_prompt_ids(answer))
-                    # The worker's answer is the client's, byte for byte: no parse, no dump.
-                    self.response = web.Response(body=raw, content_type=_JSON)
+                    # The worker's answer is the client's, byte for byte (no parse, no
+                    # dump), but for a key.
+                    body = self._redactor.data(raw)
+                    self.response = web.Response(body=body, content_type=_JSON)
                     self.first_byte_at = time.monotonic()
                     return None
-                out = self.response = web.StreamResponse(headers=_EVENTS)
+                head = {**_EVENTS, REQUEST_ID_HEADER: self._request_id}
+                out = self.response = web.StreamResponse(headers=head)
                 await out.prepare(self._request)
                 self._streaming, self.first_byte_at = True, time.monotonic()
                 self._first_byte()
                 if leg.derender is None:
+                    redacting = self._redactor.stream()
                     async for piece in up:
-                        await out.write(piece)
+                        if sent := redacting.piece(piece):
+                            await out.write(sent)
+                    if held := redacting.end():
+                        await out.write(held)
                 else:
                     events = _derendered(upstream, url, leg.derender, up, headers)
                     async for event in events:
-                        await out.write(b"data: " + event + b"\n\n")
+                        await out.write(b"data: " + self._redactor.data(event) + b"\n\n")
         except (aiohttp.ClientError, PolicyError) as exc:
             if not self._streaming:
                 if isinstance(exc, PolicyError):
@@ -153,7 +177,8 @@ class DecodeRelay:
             return
         self._streaming = False
         if error is not None:
-            await out.write(b"data: " + dumps(error.to_body()) + b"\n\ndata: [DONE]\n\n")
+            body = dumps(self._redactor.error_body(error))
+            await out.write(b"data: " + body + b"\n\ndata: [DONE]\n\n")
         await out.write_eof()
 
 

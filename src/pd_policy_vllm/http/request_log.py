@@ -17,6 +17,7 @@ __all__ = ["log_request", "requests_log"]
 
 #: One line a request: its id, its members, its form and its outcome (JSON).
 requests_log: Final = logging.getLogger("pd_policy_vllm.http.requests")
+_CLIENT_ID_CHARS: Final = 256
 
 
 def log_request(
@@ -28,12 +29,15 @@ def log_request(
     outcome: str,
     attempts: int,
     arrived: float,
+    client_id: str | None = None,
 ) -> None:
     """Log the line of a request that arrived at ``arrived`` (``time.monotonic``), whose
-    last attempt went to ``placement``."""
+    last attempt went to ``placement``: ``request_id`` is the proxy's (what the workers
+    saw), ``client_id`` the client's ``X-Request-Id`` (its first 256 characters)."""
     encoder = placement.encoder if placement is not None else None
     line = {
         "request_id": request_id,
+        "client_request_id": client_id[:_CLIENT_ID_CHARS] if client_id is not None else None,
         "route": route,
         "status": status,
         "outcome": outcome,

@@ -52,11 +52,11 @@ def server_info(url: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def fleet(llava_http: HttpFleet) -> Iterator[Fleet]:
     p_url, d_url = llava_http.prefill, llava_http.decode
-    x, x_url = proxy(llava_http.logs, p_url, [d_url], "--no-mrope")
+    x = proxy(llava_http.logs, p_url, [d_url], "--no-mrope")
     with running([x]):
         decode_worker = HttpWorker(d_url, capability_from_config(server_info(d_url)))
         prefill_worker = HttpWorker(p_url, kv=prefill_kv_from_config(server_info(p_url), p_url))
-        yield Fleet(p_url, d_url, llava_http.baseline, x_url, decode_worker, prefill_worker)
+        yield Fleet(p_url, d_url, llava_http.baseline, x.url, decode_worker, prefill_worker)
 
 
 def messages(seed: int | None, variant: str) -> list[dict[str, Any]]:

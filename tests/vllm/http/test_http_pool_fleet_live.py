@@ -35,9 +35,9 @@ from pd_policy_vllm.http.fleet.members import member_name
 
 @pytest.fixture(scope="module")
 def proxy(llava_pool: Pool) -> Iterator[tuple[Server, str]]:
-    server, url = fleet_proxy(llava_pool)
+    server = fleet_proxy(llava_pool)
     with running([server]):
-        yield server, url
+        yield server, server.url
 
 
 def body(seed: int | None, variant: str, **extra: Any) -> dict[str, Any]:

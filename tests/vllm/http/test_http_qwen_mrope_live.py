@@ -49,9 +49,9 @@ class QwenFleet:
 @pytest.fixture(scope="module")
 def qwen_fleet(qwen_http: HttpFleet) -> Iterator[QwenFleet]:
     p_url, d_url = qwen_http.prefill, qwen_http.decode
-    x, x_url = proxy(qwen_http.logs, p_url, [d_url], "--mrope")
+    x = proxy(qwen_http.logs, p_url, [d_url], "--mrope")
     with running([x]):
-        yield QwenFleet(p_url, d_url, x_url)
+        yield QwenFleet(p_url, d_url, x.url)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 from live_engines import BLOCK_SIZE
 from qwen_prompts import prompt
 from router_side import image, router_request
-from servers import Server, running
+from servers import running
 from smg_peers import servicer, streamed
 from tiny_models import TinyModel
 
@@ -46,18 +46,17 @@ def peer(qwen2vl: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     root = tmp_path_factory.mktemp("smg-kv")
     sockets = tempfile.mkdtemp(prefix="kv", dir="/tmp")  # an ipc path is short
     publisher = KvPublisher(f"ipc://{sockets}/events", replay=f"ipc://{sockets}/replay")
-    server, address = servicer("kv-prefill", qwen2vl, root)
     config = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
         "endpoint": publisher.endpoint,
         "replay_endpoint": publisher.replay,
     }
-    server = attrs.evolve(server, argv=[*server.argv, "--kv-events-config", json.dumps(config)])
-    assert isinstance(server, Server)
+    extra = ("--kv-events-config", json.dumps(config))
+    server = servicer("kv-prefill", qwen2vl, root, extra=extra)
     try:
         with running([server]):
-            yield Peer(address, publisher, qwen2vl)
+            yield Peer(server.address, publisher, qwen2vl)
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
 

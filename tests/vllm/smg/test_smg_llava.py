@@ -65,20 +65,19 @@ class Fleet:
 def fleet(llava: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("smg-llava")
     transfers = root / "transfers"
-    prefill, prefill_at = servicer(
-        "llava-prefill", llava, root, kv_role="kv_producer", transfer_dir=transfers
-    )
-    decode, decode_at = servicer(
+    prefill = servicer("llava-prefill", llava, root, kv_role="kv_producer", transfer_dir=transfers)
+    decode = servicer(
         "llava-decode", llava, root, language_model_only=True,
         kv_role="kv_consumer", transfer_dir=transfers,
     )  # fmt: skip
-    baseline, baseline_at = servicer("llava-baseline", llava, root)
-    second, second_at = servicer(
+    baseline = servicer("llava-baseline", llava, root)
+    second = servicer(
         "llava-decode-2", llava, root, language_model_only=True,
         kv_role="kv_consumer", transfer_dir=transfers,
     )  # fmt: skip
     with running([prefill, decode, baseline, second]):
-        yield Fleet(prefill_at, decode_at, baseline_at, llava, second_at, second, root)
+        yield Fleet(prefill.address, decode.address, baseline.address, llava, second.address,
+                    second, root)  # fmt: skip
 
 
 def request(
@@ -288,7 +287,7 @@ def test_a_fleet_routes_around_a_killed_decode_and_readmits_it_as_what_it_came_b
         await pd.probe_once()
         assert second.health.health is Health.EJECTED
         # It comes back with its vision tower: re-read as a full-vision decode.
-        server, _ = servicer(
+        server = servicer(
             "llava-decode-2",
             fleet.model,
             root,

@@ -52,17 +52,17 @@ class Fleet:
 def fleet(qwen2vl: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("smg-qwen2vl")
     transfers = root / "transfers"
-    prefill, prefill_at = servicer(
+    prefill = servicer(
         "qwen-prefill", qwen2vl, root, limits=_LIMITS,
         kv_role="kv_producer", transfer_dir=transfers,
     )  # fmt: skip
-    decode, decode_at = servicer(
+    decode = servicer(
         "qwen-decode", qwen2vl, root, language_model_only=True,
         kv_role="kv_consumer", transfer_dir=transfers,
     )  # fmt: skip
-    baseline, baseline_at = servicer("qwen-baseline", qwen2vl, root, limits=_LIMITS)
+    baseline = servicer("qwen-baseline", qwen2vl, root, limits=_LIMITS)
     with running([prefill, decode, baseline]):
-        yield Fleet(prefill_at, decode_at, baseline_at, qwen2vl, decode.log)
+        yield Fleet(prefill.address, decode.address, baseline.address, qwen2vl, decode.log)
 
 
 def request(

@@ -20,6 +20,7 @@ from pd_policy.tools.scenarios import (
 )
 
 from .check_cases import check_cases as _check_cases
+from .client_cases import client_cases
 from .exchange_cases import exchange_cases
 from .fixtures import NIXL, WORKERS, req
 from .fleet_cases import fleet_cases
@@ -303,6 +304,7 @@ def all_cases() -> list[dict[str, Any]]:
         )
     _check_cases(add, shapes)
     media_cases(add)
+    client_cases(add)
     fleet_cases(add)
     exchange_cases(add)
     return cases

@@ -27,6 +27,7 @@ from pd_policy.worker import WorkerCapability
 
 __all__ = ["OPERATIONS", "run_case"]
 
+from .client_operations import CLIENT_OPERATIONS
 from .exchange_operations import EXCHANGE_OPERATIONS
 from .fleet_operations import FLEET_OPERATIONS
 from .media_operations import MEDIA_OPERATIONS
@@ -207,6 +208,7 @@ OPERATIONS: Final[dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]]] = {
     "fold_salt": _salt_outcome,
     "epd_prefill": _epd_prefill_outcome,
     **MEDIA_OPERATIONS,
+    **CLIENT_OPERATIONS,
     **FLEET_OPERATIONS,
     **EXCHANGE_OPERATIONS,
 }

@@ -31,6 +31,7 @@ from urllib.parse import unquote, urlsplit
 
 from pd_policy import InvalidConfiguration
 from pd_policy.authority import split_host_port, url_host
+from pd_policy_vllm.http.redact import Redactor
 
 from .connection import Connection, Response
 from .errors import UpstreamDisconnected, UpstreamUnreachable
@@ -119,11 +120,19 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 
 class Upstream:
-    """The pools of connections to every worker; closed with ``close``."""
+    """The pools of connections to every worker; closed with ``close``. ``redactor``: the
+    keys none of the workers' answers may carry on (its callers that relay an answer,
+    or a worker's words in an error, redact with it; none by default)."""
 
-    def __init__(self, observers: Sequence[Observer] = (), limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(
+        self,
+        observers: Sequence[Observer] = (),
+        limits: Limits = DEFAULT_LIMITS,
+        redactor: Redactor | None = None,
+    ) -> None:
         self.observers = list(observers)
         self.limits = limits
+        self.redactor = redactor if redactor is not None else Redactor()
         self.closed = False
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._targets: dict[str, _Target] = {}

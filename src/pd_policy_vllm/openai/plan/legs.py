@@ -20,9 +20,11 @@ from typing import Any, Final
 import attrs
 
 from pd_policy import (
+    ROUTER_FIELDS,
     DecodeForm,
     KvHandoff,
     MalformedRequest,
+    OnClient,
     Request,
     WorkerStreamError,
     decode_cache_salt,
@@ -39,6 +41,10 @@ __all__ = ["Leg", "PrefillReply", "decode_body", "prefill_body", "prefill_bytes"
 
 #: A request's own media processing options: a leg without media carries neither.
 _MEDIA_OPTIONS: Final = ("mm_processor_kwargs", "media_io_kwargs")
+#: The router's fields a client may send, which no leg of a client's body carries (the
+#: router sets its own: a front door drops them first, and a splice of the client's bytes
+#: must too).
+_DROPPED: Final = frozenset(f.path[0] for f in ROUTER_FIELDS if f.on_client is OnClient.DROP)
 
 
 @attrs.frozen(slots=True)
@@ -64,7 +70,7 @@ def _prefill_changes(
     if not handoff.runs_prefill:
         raise ValueError("this handoff runs no prefill leg (n>1: decode runs alone)")
     changes: dict[str, Any] = {"stream": False}
-    drop = {"stream_options", "min_tokens"}
+    drop = {"stream_options", "min_tokens", *_DROPPED}
     if "n" in body:
         changes["n"] = 1
     if route is Route.CHAT and "max_completion_tokens" in body:
