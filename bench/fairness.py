@@ -21,7 +21,9 @@ The cases, each the most its caps allow:
   which is what one request's fetches may read together (three quarters of the body
   cap), one at a time;
 - **flood**: what issue #42 reported, 230 000 tiny images in 12 MiB, two at a time: past
-  the cap it is now refused at the door; before, every item was served.
+  the cap it is now refused at the door; before, every item was served;
+- **text**: 400 000 text parts in 12 MiB, one at a time: no cap counts them yet, and each
+  is a step of Python in the parse, the splice and the walks over a request's parts.
 
 Run: ``python bench/fairness.py [--seconds S] [--label L] [--write docs/performance.md]``.
 Under ``PYTHONPATH=/work/main/src`` (``--label main``) it measures the code before the
@@ -55,6 +57,7 @@ CASES: Final = {
     "body-cap": ("one image filling the 256 MiB body cap", 1),
     "remote": ("3 remote images of 64 MiB (the fetch caps)", 1),
     "flood": ("230 000 tiny images in 12 MiB (issue #42)", 2),
+    "text": ("400 000 text parts in 12 MiB (no cap yet)", 1),
 }
 REMOTE_ITEM: Final = 64 * MIB
 _TINY: Final = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
@@ -72,6 +75,8 @@ def _request(case: str, media: str) -> bytes:
         return _chat([_TINY] * 128)
     if case == "flood":
         return _chat([_TINY] * 230_000)
+    if case == "text":
+        return _chat([{"type": "text", "text": "a"}] * 400_000)
     if case == "remote":
         return _chat([{"type": "image_url", "image_url": {"url": f"{media}/item"}}] * 3)
     head, tail = _chat([{"type": "image_url", "image_url": {"url": "@"}}]).split(b"@")
