@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo demo-live demo-http demo-epd demo-media demo-fleet demo-ray test lint typecheck pytest docs docs-tables bench bench-routing vectors clean \
+.PHONY: demo demo-live demo-http demo-epd demo-media demo-fleet demo-ray test lint typecheck pytest docs docs-tables bench bench-routing bench-fairness vectors clean \
 	fuzz fuzz-policy fuzz-wire mutants
 
 $(VENV)/bin/python:
@@ -127,6 +127,12 @@ bench: $(VENV)/.bench $(VENV)/.test $(SMG_VENV)/.smg
 bench-routing: $(VENV)/.bench $(VENV)/.test $(SMG_VENV)/.smg
 	$(PY) bench/routing.py
 	$(PY) bench/routing_live.py
+
+# Fairness (issue #42): /health latency while one client sends the worst requests the
+# proxy's caps allow, as ratios to the idle proxy's (about 1 min). Writes
+# bench/fairness.json and the fairness table of docs/performance.md.
+bench-fairness: $(VENV)/.bench
+	$(PY) bench/fairness.py --write docs/performance.md
 
 # The properties marked `fuzz` (totality, no mutation, no leak, wire and byte-reader robustness)
 # at 100,000 examples each (FUZZ_EXAMPLES=... for another count), on both cores: about 35 minutes.

@@ -30,8 +30,8 @@ from measuring import median_seconds
 
 from pd_policy import MediaFetchRules
 from pd_policy.tools.tables import splice
-from pd_policy_vllm.http.media.fetch import pin_remote_media
 from pd_policy_vllm.http.media.guard import MediaLimits, media_session
+from pd_policy_vllm.http.media.pinning import pin_remote_media
 from pd_policy_vllm.openai.media.identity import WorkerMedia, part_identities
 from pd_policy_vllm.openai.media.parts import media_parts
 from pd_policy_vllm.openai.wire.codec import loads

@@ -56,7 +56,8 @@ class Stand:
     most_in_flight: int = 0
 
     def app(self) -> web.Application:
-        app = web.Application()
+        # vllm serve takes bodies of any size (a large image): aiohttp's default is 1 MiB.
+        app = web.Application(client_max_size=2**30)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/health", self.health)
         app.router.add_get("/server_info", self.info)

@@ -21,8 +21,10 @@ from pd_policy import (
     Modality,
     PolicyError,
 )
-from pd_policy_vllm.http.media.fetch import PINNED_MEDIA_TYPE, fetch_media, pin_remote_media
+from pd_policy_vllm.http.media.fetch import PINNED_MEDIA_TYPE, fetch_media
 from pd_policy_vllm.http.media.guard import MediaLimits, media_session
+from pd_policy_vllm.http.media.pinning import pin_remote_media
+from pd_policy_vllm.openai.wire.data_url import DataUrl
 
 #: The media server is on 127.0.0.1, which the proxy refuses by default
 #: (tests/http/test_http_media_fetch_ssrf.py): these tests run as a lab would.
@@ -176,7 +178,10 @@ def test_pinning_replaces_only_unnamed_remote_urls_and_keeps_the_body() -> None:
         got = pinned["messages"][0]["content"]
         assert got[0] == inline and got[1] == named and got[3] == content[3]
         assert got[2]["image_url"]["detail"] == "low"
-        urls = [got[2]["image_url"]["url"], got[4]["image_url"], got[5]["video_url"]["url"]]
+        # Each a DataUrl of its bytes, hashed already (in a worker thread).
+        kept = [got[2]["image_url"]["url"], got[4]["image_url"], got[5]["video_url"]["url"]]
+        assert all(isinstance(u, DataUrl) and u.hashed for u in kept)
+        urls = [str(u) for u in kept]
         prefix = f"data:{PINNED_MEDIA_TYPE};base64,"
         assert all(u.startswith(prefix) for u in urls)
         frames = sorted(base64.b64decode(u[len(prefix) :]) for u in urls)

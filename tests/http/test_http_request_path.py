@@ -111,5 +111,9 @@ def test_a_request_through_the_proxy_visits_each_module_about_once() -> None:
     # The stages share the shaping's leaf modules (JSON, media parts, the legs' bodies),
     # and each leg's client hands its connection back at its end: the returns left. The
     # decode's answer is redacted of the proxy's keys (http/redact.py) as it goes out:
-    # one place and one return more than before it was.
-    assert len(places) <= 52 and returns <= 26, (len(places), returns, " -> ".join(places))
+    # one place and one return more than before it was. The front door counts the
+    # request's media items (openai/media/parts.py) before any other work on them and
+    # hashes its large items off the loop (openai/media/digests.py, which reads the parts
+    # as parts.py does), and a leg is written around its long data URLs
+    # (openai/wire/splice.py): six places and five returns more (issue #42).
+    assert len(places) <= 58 and returns <= 31, (len(places), returns, " -> ".join(places))

@@ -12,6 +12,7 @@ from pd_policy_vllm.http.fleet.kv_routing import Lookup
 from pd_policy_vllm.http.fleet.members import Member
 from pd_policy_vllm.http.fleet.routing import HttpPlacer
 from pd_policy_vllm.http.front_door import Incoming
+from pd_policy_vllm.http.media.pinning import Fetches
 from pd_policy_vllm.http.relay import DecodeRelay
 from pd_policy_vllm.openai.plan.legs import PrefillReply
 from pd_policy_vllm.openai.plan.steps import Plan
@@ -27,7 +28,8 @@ class Attempt:
     way: ``plan``, the policy's, and its decode ``form``; ``leg``, the core decode leg once
     the prefill handed KV over; ``reply``, what the prefill answered; ``relay``, the decode
     relayed. And what was measured: ``legs``, each leg's name and seconds; ``retried``,
-    the legs whose failures were tried again."""
+    the legs whose failures were tried again. ``fetches``: the remote media fetched for
+    the request, once, kept for its every attempt."""
 
     incoming: Incoming
     client: web.Request
@@ -44,3 +46,4 @@ class Attempt:
     lookup: Lookup | None = None
     legs: list[tuple[str, float]] = attrs.field(factory=list)
     retried: list[str] = attrs.field(factory=list)
+    fetches: Fetches | None = None

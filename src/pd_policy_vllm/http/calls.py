@@ -16,8 +16,8 @@ from pd_policy import MalformedRequest, WorkerFailedToStart, WorkerStreamError
 from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.redact import Redactor
 from pd_policy_vllm.http.upstream import Response, Upstream, UpstreamTimeout
-from pd_policy_vllm.openai.wire.codec import dumps, loads
-from pd_policy_vllm.openai.wire.splice import Spliced
+from pd_policy_vllm.openai.wire.codec import loads
+from pd_policy_vllm.openai.wire.splice import Spliced, written
 
 __all__ = [
     "REQUEST_ID_HEADER",
@@ -105,10 +105,9 @@ async def post_json(
     JSON (when parsed)."""
     try:
         data: bytes | list[bytes | memoryview]
-        if isinstance(body, Spliced):
-            data = body.chunks()
-        else:
-            data = body if isinstance(body, bytes) else dumps(body)
+        if not isinstance(body, bytes | Spliced):
+            body = written(body)  # a long data URL a view of its bytes, not copied again
+        data = body.chunks() if isinstance(body, Spliced) else body
         async with upstream.post(url, data, headers) as r:
             if r.status != 200:
                 raise await worker_error(leg, r, upstream.redactor)

@@ -2,8 +2,10 @@
 
 [`admit`][pd_policy_vllm.http.front_door.admit] takes a client the proxy let in (its key
 checked first: [`Keys`][pd_policy_vllm.http.auth.Keys]), reads its body within the limits
-below, parses it (a chat body with its data URLs left in its bytes), scopes its media
-uuids to its tenant, and, for the Responses API, makes its chat equivalent: an
+below, parses it (a chat body with its data URLs left in its bytes), counts its media
+items, scopes their uuids to its tenant, for the Responses API makes its chat
+equivalent, and hashes its large items in a worker thread
+([`digests`][pd_policy_vllm.openai.media.digests]): an
 [`Incoming`][pd_policy_vllm.http.front_door.Incoming] request, or a typed refusal.
 
 A client that trickles its request holds a connection, and the memory of what it sent,
@@ -26,15 +28,25 @@ deadline, and the connections themselves a cap
 - its size: ``max_body`` bytes, a 413 above (before it is read, when it declares its
   length).
 
+Once parsed, its media items are counted (up to the cap and one: the rest is never
+read) and a request of more than ``max_media_items`` is refused (400
+``pd_too_many_media_items``) before any work on each item: its uuids scoped, its chat
+equivalent made, its items read, hashed or placed. Each of those is Python on the
+proxy's one event loop, and a body of 200 000 tiny images would hold every other client
+for seconds.
+
 Refusals are the OpenAI error body of the error, with its status and error-code header
 ([`refusal`][pd_policy_vllm.http.front_door.refusal]).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import attrs
@@ -47,8 +59,11 @@ from pd_policy import (
     PolicyError,
     check_client_fields,
 )
+from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS, check_media_items
 from pd_policy.router_fields import RouterField, without_dropped
 from pd_policy_vllm.http.aio import web
+from pd_policy_vllm.openai.media.digests import hashing
+from pd_policy_vllm.openai.media.parts import count_media_items
 from pd_policy_vllm.openai.media.tenant import scoped_body
 from pd_policy_vllm.openai.plan.legs import Leg
 from pd_policy_vllm.openai.plan.request import Route
@@ -100,6 +115,7 @@ class FrontDoor:
     is not positive."""
 
     max_body: int = attrs.field(default=MAX_BODY, validator=_positive)
+    max_media_items: int = attrs.field(default=DEFAULT_MAX_MEDIA_ITEMS, validator=_positive)
     header_timeout: float = attrs.field(default=HEADER_TIMEOUT, validator=_positive)
     body_timeout: float = attrs.field(default=BODY_TIMEOUT, validator=_positive)
     keepalive_timeout: float = attrs.field(default=KEEPALIVE_TIMEOUT, validator=_positive)
@@ -139,6 +155,32 @@ async def refusal(
     if request.transport is not None:
         request.transport.close()
     return response
+
+
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    # A parsed body is a tree: nothing for the cycle collector to find. But a body of
+    # hundreds of thousands of small objects sets it off again and again while it is
+    # built, each pass over every object alive: two thirds of the parse, on the loop.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _parsed(raw: bytes, *, skims: bool, most: int) -> Any:
+    # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
+    body = skim(raw) if skims else loads(raw)
+    # Counted before any work on each item, the tenant's scoping included.
+    try:
+        check_media_items(count_media_items(body, most + 1), most)
+    except PolicyError:
+        del body  # freed now, while the cycle collector is off: it has nothing to find
+        raise
+    return body
 
 
 async def _whole(request: web.Request, limit: int) -> bytes:
@@ -213,12 +255,14 @@ async def admit(
     its tenant's names); ``served_as`` is the client's route when it is another API
     planned as ``route``; ``client_id`` the id the client gave it. Raises the refusals of
     reading and parsing the body (413, 408, 400; a ``stream`` that is not a boolean is a
-    400 too), and
+    400 too), [`TooManyMediaItems`][pd_policy.client_errors.TooManyMediaItems] (400), and
     [`RouterOwnedField`][pd_policy.client_errors.RouterOwnedField] (400) for a field only
     the router may set: no worker ever sees one of a client's."""
     raw = await client_body(request, door)
-    # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
-    body = skim(raw) if route is Route.CHAT and served_as is None else loads(raw)
+    with _no_cycle_collection():
+        body = _parsed(
+            raw, skims=route is Route.CHAT and served_as is None, most=door.max_media_items
+        )
     dropped = check_client_fields(body)
     if dropped:
         body = _dropping(body, dropped)
@@ -231,6 +275,10 @@ async def admit(
         # client's own request, with what the chat leg carries.
         translate = functools.partial(responses_decode_leg, body)
         body, spliceable = chat_equivalent(body), None
+    work = hashing(body)
+    if work is not None:
+        # Its large items hashed in a thread: the plan finds their digests on them.
+        body = await asyncio.to_thread(work)
     path = served_as or route.value
     return Incoming(request_id, route, path, body, spliceable, stream, translate, client_id)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 
+from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS
 from pd_policy_vllm.http.front_door import (
     BODY_TIMEOUT,
     HEADER_TIMEOUT,
@@ -96,6 +97,13 @@ def add_limit_flags(cli: argparse.ArgumentParser) -> None:
         help="the largest request body a client may send, in MiB: a 413 above (256)",
     )
     add(
+        "--max-media-items",
+        type=lambda v: count(v, 1),
+        default=DEFAULT_MAX_MEDIA_ITEMS,
+        help="the most media items (and parts carrying a uuid) one request may hold: a 400 "
+        f"above, before any of them is read ({DEFAULT_MAX_MEDIA_ITEMS})",
+    )
+    add(
         "--header-timeout",
         type=positive,
         default=HEADER_TIMEOUT,
@@ -172,6 +180,7 @@ def front_door(args: argparse.Namespace) -> FrontDoor:
     """The limits on clients the flags set."""
     return FrontDoor(
         max_body=int(args.max_body_mib * 2**20),
+        max_media_items=args.max_media_items,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
         keepalive_timeout=args.keepalive_timeout,

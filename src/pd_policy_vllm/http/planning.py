@@ -1,6 +1,8 @@
 """The proxy's plan of one attempt on the members the exchange chose: the policy's plan
 ([`plan_request`][pd_policy_vllm.openai.plan.steps.plan_request]), what the proxy refuses
-on top of it, and remote media fetched once when the plan needs its bytes.
+on top of it, and remote media fetched once per request when the plan needs its bytes
+([`pinning`][pd_policy_vllm.http.media.pinning]: kept for every attempt, and checked
+again against each attempt's prefill's rules).
 
 Every refusal here is raised before any worker is called, and may be retried only where
 its error says (a media host that did not answer).
@@ -20,8 +22,9 @@ from pd_policy_vllm.http.attempt import Attempt
 from pd_policy_vllm.http.fleet.members import Member
 from pd_policy_vllm.http.fleet.routing import Chosen
 from pd_policy_vllm.http.front_door import Incoming
-from pd_policy_vllm.http.media.fetch import RemoteMedia, pin_remote_media, refuse_remote_media
+from pd_policy_vllm.http.media.fetch import Budget, RemoteMedia, refuse_remote_media
 from pd_policy_vllm.http.media.guard import MediaLimits
+from pd_policy_vllm.http.media.pinning import Fetches, fetch_budget, pin_remote_media
 from pd_policy_vllm.openai.plan.events import planned
 from pd_policy_vllm.openai.plan.request import Route
 from pd_policy_vllm.openai.plan.steps import STRIPPED, Plan, plan_rendered, plan_request
@@ -62,14 +65,17 @@ def _rendered_before(plan: Plan[Member], attempt: Attempt, chosen: Chosen) -> Pl
 @attrs.frozen(slots=True)
 class Planning:
     """What the plans of a proxy share: whether the model uses M-RoPE, its remote media
-    mode (``None``: by each prefill's rules), its own limits on a media fetch, and the
+    mode (``None``: by each prefill's rules), its own limits on a media fetch, the
     session it fetches with (one of
-    [`media_session`][pd_policy_vllm.http.media.guard.media_session])."""
+    [`media_session`][pd_policy_vllm.http.media.guard.media_session]), and the bytes one
+    request's fetches may read together
+    ([`fetch_budget`][pd_policy_vllm.http.media.pinning.fetch_budget])."""
 
     mrope: bool
     remote_media: RemoteMedia | None
     media_limits: MediaLimits
     session: aiohttp.ClientSession
+    fetch_budget: int = fetch_budget()
 
     def _plan(
         self, body: Any, incoming: Incoming, chosen: Chosen, made: Request | None
@@ -102,19 +108,24 @@ class Planning:
         )
         chosen = attempt.placer.chosen
         assert chosen is not None and chosen.placement is action.placement
+        if attempt.fetches is None:
+            attempt.fetches = Fetches(Budget(self.fetch_budget))
         try:
-            plan = await self.plan(attempt.incoming, chosen)
+            plan = await self.plan(attempt.incoming, chosen, attempt.fetches)
         except PolicyError as exc:
             return PlanFailed(exc)
         plan = _rendered_before(plan, attempt, chosen)
         attempt.plan, attempt.form = plan, plan.form.value
         return planned(plan)
 
-    async def plan(self, incoming: Incoming, chosen: Chosen) -> Plan[Member]:
+    async def plan(
+        self, incoming: Incoming, chosen: Chosen, fetches: Fetches | None = None
+    ) -> Plan[Member]:
         """The plan of an attempt at ``incoming`` on the members ``chosen`` (by the
-        proxy's placement, with the request it may reuse). Raises every refusal the policy
-        makes before prefill, the proxy's own refusals of another API's legs, and those of
-        a remote media fetch.
+        proxy's placement, with the request it may reuse), its remote media fetched into
+        ``fetches`` (the request's, kept across its attempts; ``None``: this attempt's
+        own). Raises every refusal the policy makes before prefill, the proxy's own
+        refusals of another API's legs, and those of a remote media fetch.
 
         Another API planned as chat (the Responses API: ``translate``) is refused (400)
         where its decode leg is not a chat leg (the M-RoPE metadata path, E/P/D), and for
@@ -142,8 +153,8 @@ class Planning:
         if plan.uncached and mode is RemoteMedia.REFUSE:
             refuse_remote_media(body, rules)
         if plan.uncached and plan.prefill is not None and mode is RemoteMedia.FETCH:
-            # Fetched once, after every refusal the policy can make without it: the same
-            # bytes to every leg, and an identity that is their hash.
-            pinned = await pin_remote_media(self.session, body, rules, self.media_limits)
+            # Fetched once a request, after every refusal the policy can make without it:
+            # the same bytes to every leg of every attempt, and an identity of their hash.
+            pinned = await pin_remote_media(self.session, body, rules, self.media_limits, fetches)
             plan = self._plan(pinned, incoming, chosen, None)
         return plan

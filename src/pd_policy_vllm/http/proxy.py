@@ -44,6 +44,7 @@ from pd_policy_vllm.http.front_door import FrontDoor, admit, error_response, ref
 from pd_policy_vllm.http.log_filter import install as redact_logs
 from pd_policy_vllm.http.media.fetch import RemoteMedia
 from pd_policy_vllm.http.media.guard import MediaLimits
+from pd_policy_vllm.http.media.pinning import fetch_budget
 from pd_policy_vllm.http.planning import Planning
 from pd_policy_vllm.http.redact import Redactor
 from pd_policy_vllm.http.request_log import log_request
@@ -176,7 +177,10 @@ class Proxy:
         ) as clients:
             app[_CLIENTS] = clients
             headers = self.keys.worker_headers()
-            planning = Planning(self.mrope, self.remote_media, self.media_limits, clients.media)
+            budget = fetch_budget(self.front_door.max_body)
+            planning = Planning(
+                self.mrope, self.remote_media, self.media_limits, clients.media, budget
+            )
             app[_DRIVER] = Driver(
                 self.fleet,
                 planning,

@@ -32,6 +32,7 @@ from pd_policy_vllm.http.upstream import Response, Upstream, UpstreamTimeout
 from pd_policy_vllm.openai.plan.legs import Leg
 from pd_policy_vllm.openai.plan.scale_out import Derender
 from pd_policy_vllm.openai.wire.codec import dumps
+from pd_policy_vllm.openai.wire.splice import Spliced, written
 
 __all__ = ["DecodeRelay"]
 
@@ -118,8 +119,9 @@ class DecodeRelay:
         Raises the leg's failure (``WorkerFailedToStart``, ``WorkerStreamError``, a policy
         error of the derender) when it comes before any byte went to the client, so that
         the request may be tried again."""
-        data = dumps(leg.body)
-        self.sent = len(data)
+        body = written(leg.body)  # a long data URL a view of its bytes, not copied again
+        data = body.chunks() if isinstance(body, Spliced) else body
+        self.sent = body.size if isinstance(body, Spliced) else len(body)
         try:
             async with upstream.post(url + leg.route, data, headers) as up:
                 if up.status != 200:

@@ -10,6 +10,12 @@ token prompt), names its blocks as each prefill does, and counts the leading one
 prefill holds: the placement prefers the prefill that holds the most, within the load
 bound ([`choose`][pd_policy.balance.choose]).
 
+A lookup names at most the prompt's first ``max_tokens`` tokens' blocks
+([`LOOKUP_TOKENS`][pd_policy_vllm.http.fleet.kv_routing.LOOKUP_TOKENS] by default): each
+block is a hash in Python on the proxy's event loop, and a client's prompt of token ids
+is as long as the body cap lets it be. Past them the prefills' caches are not told
+apart, which no context a model serves reaches.
+
 A lookup never fails a request: a request that cannot be looked up (no prefill fed, no
 prefill that renders, a render that fails or says nothing readable, media the proxy would
 not let a worker fetch yet) is placed by the rules without it. Bodies with remote media
@@ -23,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -41,10 +47,12 @@ from pd_policy_vllm.openai.media.parts import media_parts
 from pd_policy_vllm.openai.plan.prefix import RENDERS, Prompt, prompt_of_body, prompt_of_render
 from pd_policy_vllm.openai.plan.request import Route
 
-__all__ = ["KvRouting", "Lookup"]
+__all__ = ["LOOKUP_TOKENS", "KvRouting", "Lookup"]
 
 _log = logging.getLogger(__name__)
 _UNREAD = (MediaSource.REMOTE, MediaSource.LOCAL)
+#: The leading tokens of a prompt a lookup names blocks for, by default.
+LOOKUP_TOKENS: Final = 1 << 17
 
 
 @attrs.frozen(slots=True)
@@ -62,12 +70,18 @@ class Lookup:
 class KvRouting:
     """KV-event routing for a proxy's prefills: ``seed`` is the workers'
     ``PYTHONHASHSEED`` (``None``: unset), ``max_blocks`` bounds the hashes kept per
-    worker, ``timeout`` a lookup's render and a feed's replay."""
+    worker, ``timeout`` a lookup's render and a feed's replay, ``max_tokens`` the leading
+    tokens of a prompt it names blocks for."""
 
     def __init__(
-        self, *, seed: str | None = None, max_blocks: int = 1 << 20, timeout: float = 2.0
+        self,
+        *,
+        seed: str | None = None,
+        max_blocks: int = 1 << 20,
+        timeout: float = 2.0,
+        max_tokens: int = LOOKUP_TOKENS,
     ) -> None:
-        self.seed, self.timeout = seed, timeout
+        self.seed, self.timeout, self.max_tokens = seed, timeout, max_tokens
         self.index = PrefixIndex(max_blocks=max_blocks)
         self.feeds: Feeds | None = None
 
@@ -158,6 +172,7 @@ class KvRouting:
             return await post_json(upstream, "prefill", member.worker.url + route, body, headers)
 
     def _count(self, fed: list[Member], prompt: Prompt) -> tuple[dict[str, int], int]:
+        prompt = prompt.leading(self.max_tokens)  # a block's hash is Python, on the loop
         cached: dict[str, int] = {}
         chains: dict[tuple[int, HashAlgo], list[int]] = {}
         blocks = 0

@@ -23,11 +23,12 @@ and caps on bytes, redirects and time.
 from __future__ import annotations
 
 import asyncio
-import base64
 import enum
 from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urljoin, urlsplit
+
+import attrs
 
 from pd_policy import (
     MediaFetchFailed,
@@ -43,7 +44,16 @@ from pd_policy_vllm.http.media.address import host_address
 from pd_policy_vllm.http.media.guard import MediaLimits, RefusedAddress
 from pd_policy_vllm.openai.media.parts import MediaPart, media_parts
 
-__all__ = ["RemoteMedia", "fetch_media", "pin_remote_media", "refuse_remote_media"]
+__all__ = [
+    "PINNED_MEDIA_TYPE",
+    "Budget",
+    "RemoteMedia",
+    "check_hop",
+    "fetch_hops",
+    "fetch_media",
+    "refuse_remote_media",
+    "unnamed_remote",
+]
 
 #: The media type a pinned item's data URL is given: vLLM reads an image's or an audio
 #: clip's bytes whatever the type, and a video's as a file for every type but
@@ -51,6 +61,7 @@ __all__ = ["RemoteMedia", "fetch_media", "pin_remote_media", "refuse_remote_medi
 PINNED_MEDIA_TYPE: Final = "application/octet-stream"
 _REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
 _CHUNK: Final = 2**16
+_JOIN_OFF_LOOP: Final = 2**20
 
 
 class RemoteMedia(enum.Enum):
@@ -64,14 +75,16 @@ class RemoteMedia(enum.Enum):
     REFUSE = "refuse"
 
 
-def _unnamed_remote(parts: tuple[MediaPart, ...]) -> list[MediaPart]:
+def unnamed_remote(parts: tuple[MediaPart, ...]) -> list[MediaPart]:
+    """The remote parts of ``parts`` the client did not name by a ``uuid``: those the
+    proxy fetches."""
     return [p for p in parts if p.source is MediaSource.REMOTE and p.uuid is None]
 
 
 def refuse_remote_media(body: Mapping[str, Any], rules: MediaFetchRules) -> None:
     """Raise [`MediaRefused`][pd_policy.media_errors.MediaRefused] (400, naming the part)
     for the first remote URL of ``body`` that the client did not name by a ``uuid``."""
-    for part in _unnamed_remote(media_parts(body, rules)):
+    for part in unnamed_remote(media_parts(body, rules)):
         raise MediaRefused(
             "this proxy does not send remote media URLs on: send the media inline, as a data: URL",
             param=part.param,
@@ -93,28 +106,66 @@ async def fetch_media(
     ``limits``, which refuses private addresses where it connects.
 
     Raises [`MediaRefused`][pd_policy.media_errors.MediaRefused] (400) for a URL, or a
-    redirect, the worker would not read, or whose host is an address the proxy does not
-    fetch from (an IP literal, or a name's every address);
+    redirect, the worker would not read, that carries credentials, or whose host is an
+    address the proxy does not fetch from (an IP literal, or a name's every address);
     [`MediaFetchFailed`][pd_policy.media_errors.MediaFetchFailed] (422) for an answer
     that is the client's error (4xx), too many redirects, or more bytes than the worker
     or the proxy takes; [`MediaUnreachable`][pd_policy.media_errors.MediaUnreachable]
     (504, retryable) for a host that does not answer in time, cannot be reached, or
     fails (5xx, 408, 429). Each names the item (``param``), never the URL or an address.
     """
+    data, _ = await fetch_hops(session, url, modality, rules, param=param, limits=limits)
+    return data
+
+
+@attrs.define
+class Budget:
+    """The bytes a request's media fetches may still read, together: ``left``."""
+
+    left: int
+
+    def take(self, count: int, param: str) -> None:
+        """Take ``count`` bytes; raise
+        [`MediaFetchFailed`][pd_policy.media_errors.MediaFetchFailed] (422) past the
+        budget."""
+        self.left -= count
+        if self.left < 0:
+            raise MediaFetchFailed(
+                "the media items of this request together are larger than this proxy "
+                "fetches for one request: send some of them inline",
+                param=param,
+            )
+
+
+async def fetch_hops(
+    session: aiohttp.ClientSession,
+    url: str,
+    modality: Modality,
+    rules: MediaFetchRules,
+    *,
+    param: str,
+    limits: MediaLimits | None = None,
+    budget: Budget | None = None,
+) -> tuple[bytes, tuple[str, ...]]:
+    """[`fetch_media`][pd_policy_vllm.http.media.fetch.fetch_media], and the URLs it
+    fetched, in order (``url``, then each redirect's), the last the one that answered.
+    Reads within ``budget`` too, when given: past it, a 422."""
     limits = limits if limits is not None else MediaLimits()
     limit = min(rules.max_bytes(modality), limits.max_bytes)
     seconds = min(rules.timeouts[modality], limits.timeout)
     timeout = aiohttp.ClientTimeout(total=seconds)
+    hops: list[str] = []
     try:
         async with asyncio.timeout(seconds):
             for _ in range(limits.max_redirects + 1):
                 _check_hop(url, rules, limits, param)
+                hops.append(url)
                 async with session.get(url, allow_redirects=False, timeout=timeout) as response:
                     location = response.headers.get("Location")
                     if response.status in _REDIRECTS and location and rules.allow_redirects:
                         url = urljoin(url, location)
                         continue
-                    return await _body(response, limit, param)
+                    return await _body(response, limit, param, budget), tuple(hops)
     except aiohttp.ClientConnectorError as exc:
         if isinstance(exc.os_error, RefusedAddress):
             raise _not_public(param) from None
@@ -140,17 +191,36 @@ def _unreachable(param: str) -> MediaUnreachable:
     )
 
 
+def check_hop(url: str, rules: MediaFetchRules, limits: MediaLimits, param: str) -> None:
+    """Raise what a fetch raises before it connects to ``url``, one of its hops: a
+    [`MediaRefused`][pd_policy.media_errors.MediaRefused] (400) for a URL the worker
+    would not read, one carrying credentials, or an address literal ``limits``
+    refuse."""
+    _check_hop(url, rules, limits, param)
+
+
 def _check_hop(url: str, rules: MediaFetchRules, limits: MediaLimits, param: str) -> None:
     # Before any I/O, for a typed refusal: the session refuses the same addresses where
     # it connects, the one check a changing DNS answer cannot pass.
     if check_media_url(url, rules, param=param) is not MediaSource.REMOTE:
         raise MediaRefused("a redirect left http(s)", param=param)
-    address = host_address(urlsplit(url).hostname or "")
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        # The proxy fetches for every tenant and holds no one's secret: a URL's
+        # credentials would be sent on (and aiohttp would send them as Basic auth).
+        raise MediaRefused(
+            "a media URL carrying credentials is not fetched: send the media inline, as a "
+            "data: URL",
+            param=param,
+        )
+    address = host_address(parts.hostname or "")
     if address is not None and limits.refuses(address):
         raise _not_public(param)
 
 
-async def _body(response: aiohttp.ClientResponse, limit: int, param: str) -> bytes:
+async def _body(
+    response: aiohttp.ClientResponse, limit: int, param: str, budget: Budget | None
+) -> bytes:
     status = response.status
     if status >= 500 or status in (408, 429):
         raise MediaUnreachable(f"the media item's host answered {status}", param=param)
@@ -158,43 +228,19 @@ async def _body(response: aiohttp.ClientResponse, limit: int, param: str) -> byt
         raise MediaFetchFailed(f"the media item's host answered {status}", param=param)
     if response.content_length is not None and response.content_length > limit:
         raise MediaFetchFailed("the media item is larger than the worker takes", param=param)
-    data = bytearray()
+    if budget is not None and response.content_length is not None:
+        budget.take(response.content_length, param)  # before reading a byte of it
+        budget = None
+    chunks, size = [], 0
     async for chunk in response.content.iter_chunked(_CHUNK):
-        data += chunk
-        if len(data) > limit:
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
             raise MediaFetchFailed("the media item is larger than the worker takes", param=param)
-    return bytes(data)
-
-
-def _pinned_part(part: Mapping[str, Any], key: str, data: bytes) -> dict[str, Any]:
-    url = f"data:{PINNED_MEDIA_TYPE};base64,{base64.b64encode(data).decode('ascii')}"
-    value = part[key]
-    return {**part, key: {**value, "url": url} if isinstance(value, Mapping) else url}
-
-
-async def pin_remote_media(
-    session: aiohttp.ClientSession,
-    body: Mapping[str, Any],
-    rules: MediaFetchRules,
-    limits: MediaLimits | None = None,
-) -> dict[str, Any]:
-    """``body`` with each remote URL the client did not name replaced by a ``data:`` URL of
-    its bytes, fetched once, concurrently, within ``rules`` and ``limits``
-    ([`fetch_media`][pd_policy_vllm.http.media.fetch.fetch_media]); every other field as it was
-    (``body`` is not changed). Raises what ``fetch_media`` raises, for the first item
-    that fails."""
-    remote = _unnamed_remote(media_parts(body, rules))
-    if not remote:
-        return dict(body)
-    fetched = await asyncio.gather(
-        *(
-            fetch_media(session, str(p.url or ""), p.modality, rules, param=p.param, limits=limits)
-            for p in remote
-        )
-    )
-    messages = list(body["messages"])
-    for part, data in zip(remote, fetched, strict=True):
-        message = messages[part.message] = dict(messages[part.message])
-        content = message["content"] = list(message["content"])
-        content[part.part] = _pinned_part(content[part.part], part.key, data)
-    return {**body, "messages": messages}
+        if budget is not None:
+            budget.take(len(chunk), param)
+    # Joined once, a large item in a worker thread (bytes.join copies without the GIL),
+    # not grown on the event loop, a copy each time its buffer doubles.
+    if size < _JOIN_OFF_LOOP:
+        return b"".join(chunks)
+    return await asyncio.to_thread(b"".join, chunks)

@@ -16,6 +16,14 @@ The session is the media fetches' alone, so the probes and describes of workers,
 private addresses as a rule, are not affected; it sends no header of the proxy's
 (never the workers' key), asks for no compression (a small compressed answer is not a
 large one decompressed in memory), and reads no proxy from the environment.
+
+It serves every tenant, so each fetch stands alone: nothing one fetch left behind may
+go out on the next, which may be another tenant's. It keeps no cookie (a host's session
+cookie set on tenant A's fetch would be sent on tenant B's, and serve B as A), reads no
+credential from the environment or a ``.netrc``, and keeps no connection open after a
+fetch (a new one for each: its cost is a handshake per item, against a host that could
+otherwise tie fetches together by their connection). A URL's own credentials are
+refused before the fetch ([`fetch_media`][pd_policy_vllm.http.media.fetch.fetch_media]).
 """
 
 from __future__ import annotations
@@ -146,18 +154,22 @@ def media_session(
     unless ``limits`` allow private hosts. ``resolver`` is the one behind the guard (tests
     give one whose answers they choose). Made in a running event loop; the caller closes
     it."""
+    # No connection outlives its fetch.
     if limits.allow_private_hosts:
-        connector = aiohttp.TCPConnector(resolver=resolver)
+        connector = aiohttp.TCPConnector(resolver=resolver, force_close=True)
     else:
         connector = aiohttp.TCPConnector(
             resolver=GuardedResolver(limits, resolver),
             socket_factory=functools.partial(_guarded_socket, limits),
+            force_close=True,
         )
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=limits.timeout),
         headers={"Accept-Encoding": "identity"},
         auto_decompress=False,
+        # No credential from the environment or a .netrc, no proxy, and no cookie kept.
         trust_env=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
         trace_configs=list(trace_configs) or None,
     )

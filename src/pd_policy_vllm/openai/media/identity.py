@@ -36,7 +36,7 @@ from pd_policy import (
     item_identity,
 )
 from pd_policy_vllm.openai.media.parts import MediaPart, media_parts
-from pd_policy_vllm.openai.wire.codec import canonical
+from pd_policy_vllm.openai.wire.codec import sha256_identity
 from pd_policy_vllm.openai.wire.data_url import DataUrl
 
 __all__ = ["WorkerMedia", "part_basis", "part_identities", "request_factors", "uncached_parts"]
@@ -87,13 +87,14 @@ def request_factors(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 def _content_digest(part: MediaPart) -> str:
     # A data URL's text is its bytes, base64-encoded: hashed as it is, with no decode;
-    # one left in the body is hashed there, the same bytes.
+    # one left in the body is hashed there, the same bytes. A large item was hashed
+    # before, off the event loop ([`digests`][pd_policy_vllm.openai.media.digests]):
+    # its digest is on the item itself.
     if isinstance(part.url, DataUrl):
         return part.url.sha256()
-    raw = (
-        part.url.encode("utf-8", "surrogatepass") if part.url is not None else canonical(part.data)
-    )
-    return hashlib.sha256(raw).hexdigest()
+    if part.url is not None:
+        return hashlib.sha256(part.url.encode("utf-8", "surrogatepass")).hexdigest()
+    return sha256_identity(part.data)
 
 
 def part_basis(part: MediaPart, *, fetches: bool = False, renders: bool = False) -> IdentityBasis:

@@ -19,7 +19,7 @@ core's rule ([`identity`][pd_policy_vllm.openai.media.identity]).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -27,7 +27,14 @@ import attrs
 from pd_policy import MalformedRequest, MediaFetchRules, MediaSource, Modality, check_media_url
 from pd_policy_vllm.openai.wire.data_url import DataUrl
 
-__all__ = ["TEXT_PART_TYPES", "MediaPart", "media_parts", "without_media"]
+__all__ = [
+    "TEXT_PART_TYPES",
+    "MediaPart",
+    "count_media_items",
+    "item_values",
+    "media_parts",
+    "without_media",
+]
 
 #: Content part types vLLM renders as text (``TEXT_PART_TYPES`` and ``tool_reference``).
 TEXT_PART_TYPES: Final = frozenset(
@@ -171,6 +178,60 @@ def _media(body: Mapping[str, Any]) -> list[tuple[int, int, dict[str, Any]]]:
             if not _is_text(part):
                 found.append((m, p, part))
     return found
+
+
+#: The members of a body whose items hold content parts: chat's, and the Responses API's.
+_ITEMS: Final = ("messages", "input")
+
+
+def count_media_items(body: Any, most: int) -> int:
+    """How many content parts of ``body``'s ``messages`` and ``input`` items the proxy
+    works on one by one (a media part, or any part carrying a ``uuid``, which is scoped to
+    its tenant), counted up to ``most`` and no further: the parts past it are never read.
+
+    Reads no part's value and raises nothing: what is not an object, a list of items, a
+    content list or a part is skipped (the plan refuses it later), so that a request can
+    be refused for its count before any other work on it
+    ([`check_media_items`][pd_policy.request_bounds.check_media_items])."""
+    if not isinstance(body, dict):
+        return 0
+    found = 0
+    for field in _ITEMS:
+        items = body.get(field)
+        for item in items if isinstance(items, list) else ():
+            content = item.get("content") if isinstance(item, dict) else None
+            for part in content if isinstance(content, list) else ():
+                if isinstance(part, dict) and (part.get("uuid") is not None or not _is_text(part)):
+                    found += 1
+                    if found >= most:
+                        return found
+    return found
+
+
+def item_values(body: Mapping[str, Any]) -> Iterator[tuple[int, int, str, Any, bool]]:
+    """Each media part of a chat body's ``messages`` that the client did not name by a
+    ``uuid`` and that holds a value, in order, read as
+    [`media_parts`][pd_policy_vllm.openai.media.parts.media_parts] reads it: its message
+    and part, the part's key that holds the value, the value (its URL, or its inline
+    data), and whether it is a URL. Raises nothing: what ``media_parts`` would refuse is
+    skipped (the plan refuses it)."""
+    messages = body.get("messages")
+    for m, message in enumerate(messages if isinstance(messages, list) else ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        for p, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, dict) or _is_text(part) or part.get("uuid") is not None:
+                continue
+            try:
+                key = _key(part, "")
+                url_key = _URL_KEYS.get(key)
+                value = part.get(url_key or key)
+                url = _url(value, "") if url_key is not None else None
+            except MalformedRequest:
+                continue
+            if url_key is not None and url is not None:
+                yield m, p, url_key, url, True
+            elif url_key is None and value is not None:
+                yield m, p, key, value, False
 
 
 def media_parts(

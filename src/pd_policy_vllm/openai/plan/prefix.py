@@ -44,6 +44,19 @@ class Prompt:
     items: tuple[MmSpan, ...] = ()
     cache_salt: str | None = None
 
+    def leading(self, most: int) -> Prompt:
+        """The prompt's first ``most`` tokens, with the items that begin within them
+        (cut where it ends): each of its blocks is named as the whole prompt's is, since
+        a block's name holds only the items that begin before its end."""
+        if len(self.token_ids) <= most:
+            return self
+        items = tuple(
+            MmSpan(i.identifier, i.offset, min(i.length, most - i.offset))
+            for i in self.items
+            if i.offset < most
+        )
+        return Prompt(self.token_ids[:most], items, self.cache_salt)
+
 
 def prompt_of_body(body: Mapping[str, Any], route: Route) -> Prompt | None:
     """The prompt of a completions ``body`` whose prompt is one list of token ids; ``None``

@@ -46,6 +46,7 @@ from pd_policy_vllm.openai.wire.strict import (
 from pd_policy_vllm.openai.wire.token_ids import TokenIds
 
 __all__ = [
+    "Canonical",
     "ReplyFields",
     "canonical",
     "dumps",
@@ -64,9 +65,29 @@ except ImportError:  # pragma: no cover - exercised by forcing the fallback in t
 USE_MSGSPEC = msgspec is not None
 
 
+class Canonical:
+    """A JSON value of a client's body held as its
+    [canonical][pd_policy_vllm.openai.wire.codec.canonical] JSON, with the hex SHA-256 of
+    those bytes (its [`sha256_identity`][pd_policy_vllm.openai.wire.codec.sha256_identity]): a large
+    inline media item (``input_audio``, embeddings), encoded and hashed once, in a worker
+    thread, and written to every leg as those bytes. Immutable: the digest is of bytes
+    that cannot change."""
+
+    __slots__ = ("digest", "json")
+    json: bytes
+    digest: str
+
+    def __init__(self, value: Any) -> None:
+        self.json = canonical(value)
+        self.digest = hashlib.sha256(self.json).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"Canonical({len(self.json)} bytes)"
+
+
 def _encode_hook(value: Any) -> Any:
-    # Both are written as the worker or the client wrote them.
-    if isinstance(value, TokenIds | DataUrl):
+    # Each is written as the worker or the client wrote it (a Canonical: the same value).
+    if isinstance(value, TokenIds | DataUrl | Canonical):
         return msgspec.Raw(value.json)
     raise NotImplementedError(f"{type(value).__name__} is not JSON")
 
@@ -76,6 +97,8 @@ def _default(value: Any) -> Any:
         return list(value)
     if isinstance(value, DataUrl):
         return str(value)
+    if isinstance(value, Canonical):
+        return json.loads(value.json)
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
@@ -218,7 +241,10 @@ def canonical(value: Any) -> bytes:
 
 
 def sha256_identity(value: Any) -> str:
-    """The hex SHA-256 of [`canonical`][pd_policy_vllm.openai.wire.codec.canonical] (``value``)."""
+    """The hex SHA-256 of [`canonical`][pd_policy_vllm.openai.wire.codec.canonical] (``value``);
+    a [`Canonical`][pd_policy_vllm.openai.wire.codec.Canonical]'s own, computed once."""
+    if isinstance(value, Canonical):
+        return value.digest
     return hashlib.sha256(canonical(value)).hexdigest()
 
 

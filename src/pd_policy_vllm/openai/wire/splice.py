@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Mapping, Set
 from typing import Any, Final
 
 import attrs
 
 from pd_policy_vllm.openai.wire.codec import dumps
+from pd_policy_vllm.openai.wire.data_url import DataUrl
 
-__all__ = ["Member", "Spliced", "escaped", "members", "splice", "splice_parts"]
+__all__ = ["Member", "Spliced", "escaped", "members", "splice", "splice_parts", "written"]
 
 _WHITESPACE: Final = b" \t\r\n"
 #: Inside an array or object: the next byte that opens or closes one, or a string.
@@ -195,3 +197,58 @@ def splice(
 ) -> bytes:
     """[`splice_parts`][pd_policy_vllm.openai.wire.splice.splice_parts], joined."""
     return bytes(splice_parts(raw, found, changes, drop))
+
+
+#: A data URL this long or longer is written as a part of its own.
+WRITTEN_APART: Final = 2**16
+_TOKEN: Final = secrets.token_hex(16)
+_URL_KEYS: Final = ("image_url", "audio_url", "video_url")
+
+
+def _marked(body: Any, urls: list[DataUrl], least: int) -> Any:
+    # The body with each long DataUrl of its messages' media parts a marker (new
+    # containers where one was put; the body is not changed).
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return body
+    out = list(messages)
+    for m, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for p, part in enumerate(content):
+            for key in _URL_KEYS if isinstance(part, dict) else ():
+                value = part.get(key)
+                url = value.get("url") if isinstance(value, dict) else value
+                if not isinstance(url, DataUrl) or len(url) < least:
+                    continue
+                marker = f"{_TOKEN}:{len(urls)}"
+                urls.append(url)
+                if out[m] is message:
+                    out[m] = {**message, "content": list(content)}
+                parts = out[m]["content"]
+                held = {**value, "url": marker} if isinstance(value, dict) else marker
+                parts[p] = {**parts[p], key: held}
+    return {**body, "messages": out} if urls else body
+
+
+def written(body: Any, least: int = WRITTEN_APART) -> bytes | Spliced:
+    """``dumps(body)``; for a chat body whose media parts hold data URLs of ``least``
+    bytes or more (remote items the proxy fetched, a client's large images), the same
+    bytes as [`Spliced`][pd_policy_vllm.openai.wire.splice.Spliced] parts, each of those
+    URLs a view of its own bytes: written around them, not copied into one more buffer
+    of their size, on the event loop."""
+    urls: list[DataUrl] = []
+    skeleton = _marked(body, urls, least)
+    if not urls:
+        return dumps(body)
+    out = dumps(skeleton)
+    found = sorted((out.index(f'"{_TOKEN}:{i}"'.encode()), i) for i in range(len(urls)))
+    view = memoryview(out)
+    parts: list[bytes | memoryview] = []
+    at = 0
+    for where, i in found:
+        parts += [view[at:where], urls[i].json]
+        at = where + len(_TOKEN) + len(str(i)) + 3  # the marker, its colon and quotes
+    parts.append(view[at:])
+    return Spliced(tuple(parts))
