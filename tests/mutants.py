@@ -519,9 +519,9 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a key written twice is let through when msgspec parsed the body",
-        "pd_policy_vllm/openai/wire/codec.py",
-        "            once = written_once(data, colons, value, _ENCODER.encode)",
-        "            once = True",
+        "pd_policy_vllm/openai/wire/strict.py",
+        "    return written_once(raw, colons, value, encode)",
+        "    return True",
         _JSON,
     ),
     Mutant(
@@ -540,9 +540,9 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a body nested past the limit is parsed and walked",
-        "pd_policy_vllm/openai/wire/codec.py",
-        "    if too_deep(opened, value):",
-        "    if False:",
+        "pd_policy_vllm/openai/wire/strict.py",
+        "        raise TooDeep()",
+        "        pass",
         _JSON,
     ),
     Mutant(

@@ -36,12 +36,13 @@ from pd_policy_vllm.openai.wire.data_url import DataUrl
 from pd_policy_vllm.openai.wire.strict import (
     MAX_DEPTH,
     KeyTwice,
+    TooDeep,
+    checked,
     deeper_than,
     shape,
     too_deep,
     twice_param,
     unique,
-    written_once,
 )
 from pd_policy_vllm.openai.wire.token_ids import TokenIds
 
@@ -152,9 +153,7 @@ def loads(raw: bytes | bytearray | str, *, what: str = "the body") -> Any:
         # is checked on the value before any other walk of it.
         if USE_MSGSPEC:
             value = _DECODER.decode(data)
-            opened, colons = shape(data)
-            _shallow(opened, value, what)
-            once = written_once(data, colons, value, _ENCODER.encode)
+            once = checked(data, value, _ENCODER.encode)
             if once is None:
                 _STRICT(data.decode("utf-8"))  # the exact check: raises KeyTwice
             elif not once:
@@ -167,6 +166,8 @@ def loads(raw: bytes | bytearray | str, *, what: str = "the body") -> Any:
     except KeyTwice:
         where = twice_param(data)
         raise MalformedRequest(f"{what} names a key twice in one object", param=where) from None
+    except TooDeep:
+        raise MalformedRequest(_deeper(what), param="body") from None
     except RecursionError:
         raise MalformedRequest(_deeper(what), param="body") from None
     except UnicodeError:
@@ -290,6 +291,8 @@ def reply_fields(raw: bytes, *, in_choice: bool, what: str) -> ReplyFields | Non
         return None
     except (msgspec.DecodeError, UnicodeError) as exc:
         raise MalformedRequest(f"{what} is not JSON: {exc}", param="body") from None
+    except TooDeep:
+        raise MalformedRequest(_deeper(what), param="body") from None
     except RecursionError:
         raise MalformedRequest(_deeper(what), param="body") from None
     # Any: a hostile worker's could nest as deep as the parser follows, and every later

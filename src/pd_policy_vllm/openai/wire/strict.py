@@ -33,6 +33,8 @@ from typing import Any, Final, TypeVar
 __all__ = [
     "MAX_DEPTH",
     "KeyTwice",
+    "TooDeep",
+    "checked",
     "count",
     "deeper_than",
     "shape",
@@ -199,6 +201,21 @@ def written_once(
         return False
     escapes = len(_ESCAPED_COLON.findall(raw)) if raw.find(b"\\") >= 0 else 0
     return True if colons == written - escapes else None
+
+
+class TooDeep(ValueError):
+    """The text nests arrays and objects deeper than its limit."""
+
+
+def checked(raw: bytes, value: Any, encode: Callable[[Any], bytes]) -> bool | None:
+    """The checks of ``value``, parsed from ``raw`` by a parser that keeps one of two equal
+    keys, in one call: raises [`TooDeep`][pd_policy_vllm.openai.wire.strict.TooDeep] past
+    [`MAX_DEPTH`][pd_policy_vllm.openai.wire.strict.MAX_DEPTH], then answers as
+    [`written_once`][pd_policy_vllm.openai.wire.strict.written_once] does."""
+    opened, colons = shape(raw)
+    if too_deep(opened, value):
+        raise TooDeep()
+    return written_once(raw, colons, value, encode)
 
 
 class _Twice(dict[str, Any]):
