@@ -43,7 +43,29 @@ _JSON: Final = ("tests/http/test_http_strict_json.py", "tests/http/test_http_mal
 _FLOW: Final = ("tests/http/test_http_stream_backpressure.py",)
 _CANCEL: Final = ("tests/http/test_http_upstream_cancel.py",)
 _GATE: Final = ("tests/http/test_http_client_gate.py", "tests/http/test_http_front_door.py")
+_PARTS: Final = ("tests/http/test_http_content_parts.py",)
 MUTANTS: Final = (
+    Mutant(
+        "a request's messages and parts are never counted",
+        "pd_policy_vllm/http/parsing.py",
+        "            check_parts(count_parts(body, max_parts + 1), max_parts)\n",
+        "",
+        _PARTS,
+    ),
+    Mutant(
+        "a large body is parsed on the loop",
+        "pd_policy_vllm/http/front_door.py",
+        "    body = parse() if len(raw) < OFF_THE_LOOP else await asyncio.to_thread(parse)",
+        "    body = parse()",
+        _PARTS,
+    ),
+    Mutant(
+        "a large body's prefill leg is spliced on the loop",
+        "pd_policy_vllm/http/send.py",
+        "spliced = splice() if len(raw) < OFF_THE_LOOP else await asyncio.to_thread(splice)",
+        "spliced = splice()",
+        _PARTS,
+    ),
     Mutant(
         "the front door forwards a client's router-owned fields",
         "pd_policy_vllm/http/front_door.py",
@@ -570,7 +592,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a stream that is not a boolean is taken for one",
-        "pd_policy_vllm/http/front_door.py",
+        "pd_policy_vllm/http/parsing.py",
         "    if stream is not None and not isinstance(stream, bool):",
         "    if False:",
         ("tests/http/test_http_malformed_bodies.py",),
@@ -906,9 +928,9 @@ MUTANTS: Final = (
     ),
     Mutant(
         "the front door does not check a request's media items against the cap",
-        "pd_policy_vllm/http/front_door.py",
-        "        check_media_items(count_media_items(body, most + 1), most)\n",
-        "        count_media_items(body, most + 1)\n",
+        "pd_policy_vllm/http/parsing.py",
+        "            check_media_items(count_media_items(body, most + 1), most)\n",
+        "            count_media_items(body, most + 1)\n",
         ("tests/http/test_http_media_items_cap.py",),
     ),
     Mutant(
@@ -1007,7 +1029,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "the front door parses a body with the cycle collector on",
-        "pd_policy_vllm/http/front_door.py",
+        "pd_policy_vllm/http/parsing.py",
         "    gc.disable()\n",
         "",
         ("tests/http/test_http_door_fairness.py",),

@@ -60,6 +60,7 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
         "pd_request_timeout",
         "pd_router_owned_field",
         "pd_too_many_media_items",
+        "pd_too_many_parts",
         "pd_overloaded",
     }
     # An admin route refused is refused for every caller without an admin key, anonymous or not.

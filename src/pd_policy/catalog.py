@@ -17,6 +17,7 @@ from .client_errors import (
     RequestTimedOut,
     RouterOwnedField,
     TooManyMediaItems,
+    TooManyParts,
 )
 from .errors import (
     Forbidden,
@@ -65,6 +66,7 @@ _POLICY_ERRORS: Final = (
     MalformedRequest,
     RouterOwnedField,
     TooManyMediaItems,
+    TooManyParts,
     BodyTooLarge,
     ClientTooSlow,
     Overloaded,

@@ -1,6 +1,7 @@
 """What a client may not send or do, refused at the front door: a body past the size cap, a
 client too slow to send its request, a field only the router may set, more media items
-than the router plans for one request, and a connection past the router's cap; and a
+or content parts than the router plans for one request, and a connection past the
+router's cap; and a
 request that outlives its deadline.
 
 Each is decided before any worker is called. None names more of the request than its
@@ -18,6 +19,7 @@ __all__ = [
     "RequestTimedOut",
     "RouterOwnedField",
     "TooManyMediaItems",
+    "TooManyParts",
 ]
 
 
@@ -75,6 +77,21 @@ class TooManyMediaItems(PolicyError):
         "before any item is hashed or fetched, and before any worker is called."
     )
     default_message = "the request holds more media items than the router takes"
+
+
+class TooManyParts(PolicyError):
+    """The request holds more messages and content parts than the router takes."""
+
+    code = "pd_too_many_parts"
+    status = 400
+    meaning = (
+        "The request holds more messages and content parts together (or Responses input "
+        "items and their parts) than the router takes for one request "
+        "(--max-content-parts): the router walks them on every attempt, and one request "
+        "must not be able to make that walk as long as it likes. Refused before any part "
+        "is read, and before any worker is called."
+    )
+    default_message = "the request holds more messages and parts than the router takes"
 
 
 class Overloaded(PolicyError):

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from fleet_stands import stands
 
-from pd_policy_vllm.http import front_door
+from pd_policy_vllm.http import parsing
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.openai.wire.body import read_body
@@ -68,13 +68,13 @@ def test_the_body_is_parsed_without_the_cycle_collector(
 ) -> None:
     collecting: list[bool] = []
     for name in ("skim", "loads"):
-        parse = getattr(front_door, name)
+        parse = getattr(parsing, name)
 
         def watched(raw: bytes, parse: Any = parse) -> Any:
             collecting.append(gc.isenabled())
             return parse(raw)
 
-        monkeypatch.setattr(front_door, name, watched)
+        monkeypatch.setattr(parsing, name, watched)
 
     async def main() -> int:
         def make(fleet: Fleet) -> Proxy:

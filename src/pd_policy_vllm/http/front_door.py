@@ -28,12 +28,9 @@ deadline, and the connections themselves a cap
 - its size: ``max_body`` bytes, a 413 above (before it is read, when it declares its
   length).
 
-Once parsed, its media items are counted (up to the cap and one: the rest is never
-read) and a request of more than ``max_media_items`` is refused (400
-``pd_too_many_media_items``) before any work on each item: its uuids scoped, its chat
-equivalent made, its items read, hashed or placed. Each of those is Python on the
-proxy's one event loop, and a body of 200 000 tiny images would hold every other client
-for seconds.
+Once parsed ([`parsing`][pd_policy_vllm.http.parsing]: in a thread when it is large), its
+messages and parts and its media items are counted, and a request past a cap refused,
+before any work on each part or item.
 
 Refusals are the OpenAI error body of the error, with its status and error-code header
 ([`refusal`][pd_policy_vllm.http.front_door.refusal]).
@@ -42,35 +39,24 @@ Refusals are the OpenAI error body of the error, with its status and error-code 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import gc
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
 
-from pd_policy import (
-    BodyTooLarge,
-    ClientTooSlow,
-    ClientUuids,
-    MalformedRequest,
-    PolicyError,
-    check_client_fields,
-)
-from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS, check_media_items
+from pd_policy import BodyTooLarge, ClientTooSlow, ClientUuids, PolicyError, check_client_fields
+from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS, DEFAULT_MAX_PARTS
 from pd_policy.router_fields import RouterField, without_dropped
 from pd_policy_vllm.http.aio import web
+from pd_policy_vllm.http.parsing import OFF_THE_LOOP, parsed, streams
 from pd_policy_vllm.openai.media.digests import hashing
-from pd_policy_vllm.openai.media.parts import count_media_items
 from pd_policy_vllm.openai.media.tenant import scoped_body
 from pd_policy_vllm.openai.plan.legs import Leg
 from pd_policy_vllm.openai.plan.request import Route
 from pd_policy_vllm.openai.plan.responses import RESPONSES, chat_equivalent, responses_decode_leg
 from pd_policy_vllm.openai.wire.body import MAX_BODY, read_body, too_large
-from pd_policy_vllm.openai.wire.codec import loads
-from pd_policy_vllm.openai.wire.skim import skim
 
 __all__ = [
     "BODY_TIMEOUT",
@@ -116,6 +102,7 @@ class FrontDoor:
 
     max_body: int = attrs.field(default=MAX_BODY, validator=_positive)
     max_media_items: int = attrs.field(default=DEFAULT_MAX_MEDIA_ITEMS, validator=_positive)
+    max_parts: int = attrs.field(default=DEFAULT_MAX_PARTS, validator=_positive)
     header_timeout: float = attrs.field(default=HEADER_TIMEOUT, validator=_positive)
     body_timeout: float = attrs.field(default=BODY_TIMEOUT, validator=_positive)
     keepalive_timeout: float = attrs.field(default=KEEPALIVE_TIMEOUT, validator=_positive)
@@ -155,32 +142,6 @@ async def refusal(
     if request.transport is not None:
         request.transport.close()
     return response
-
-
-@contextlib.contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    # A parsed body is a tree: nothing for the cycle collector to find. But a body of
-    # hundreds of thousands of small objects sets it off again and again while it is
-    # built, each pass over every object alive: two thirds of the parse, on the loop.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _parsed(raw: bytes, *, skims: bool, most: int) -> Any:
-    # Not an object: the plan refuses it. A chat body's data URLs stay in its bytes.
-    body = skim(raw) if skims else loads(raw)
-    # Counted before any work on each item, the tenant's scoping included.
-    try:
-        check_media_items(count_media_items(body, most + 1), most)
-    except PolicyError:
-        del body  # freed now, while the cycle collector is off: it has nothing to find
-        raise
-    return body
 
 
 async def _whole(request: web.Request, limit: int) -> bytes:
@@ -230,15 +191,6 @@ async def client_body(request: web.Request, door: FrontDoor) -> bytes:
     )
 
 
-def _streams(body: Any) -> bool:
-    # Read strictly: vLLM reads "false" as false, and a proxy that took it for a stream
-    # would relay a whole answer as events.
-    stream = body.get("stream") if isinstance(body, dict) else None
-    if stream is not None and not isinstance(stream, bool):
-        raise MalformedRequest("stream must be true or false", param="stream")
-    return bool(stream)
-
-
 async def admit(
     request: web.Request,
     route: Route,
@@ -259,14 +211,20 @@ async def admit(
     [`RouterOwnedField`][pd_policy.client_errors.RouterOwnedField] (400) for a field only
     the router may set: no worker ever sees one of a client's."""
     raw = await client_body(request, door)
-    with _no_cycle_collection():
-        body = _parsed(
-            raw, skims=route is Route.CHAT and served_as is None, most=door.max_media_items
-        )
+    parse = functools.partial(
+        parsed,
+        raw,
+        skims=route is Route.CHAT and served_as is None,
+        max_parts=door.max_parts,
+        max_media_items=door.max_media_items,
+    )
+    # A large body's parse and counts run in a thread: a body of many small values is a
+    # step of Python each, and the loop answers everyone else meanwhile.
+    body = parse() if len(raw) < OFF_THE_LOOP else await asyncio.to_thread(parse)
     dropped = check_client_fields(body)
     if dropped:
         body = _dropping(body, dropped)
-    stream = _streams(body)
+    stream = streams(body)
     authorization = request.headers.get("Authorization")
     body, spliceable = scoped_body(body, raw, authorization, keyed=keyed, mode=uuids)
     translate = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 
-from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS
+from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS, DEFAULT_MAX_PARTS
 from pd_policy_vllm.http.front_door import (
     BODY_TIMEOUT,
     HEADER_TIMEOUT,
@@ -104,6 +104,13 @@ def add_limit_flags(cli: argparse.ArgumentParser) -> None:
         f"above, before any of them is read ({DEFAULT_MAX_MEDIA_ITEMS})",
     )
     add(
+        "--max-content-parts",
+        type=lambda v: count(v, 1),
+        default=DEFAULT_MAX_PARTS,
+        help="the most messages and content parts together one request may hold: a 400 "
+        f"above, before any of them is read ({DEFAULT_MAX_PARTS})",
+    )
+    add(
         "--header-timeout",
         type=positive,
         default=HEADER_TIMEOUT,
@@ -181,6 +188,7 @@ def front_door(args: argparse.Namespace) -> FrontDoor:
     return FrontDoor(
         max_body=int(args.max_body_mib * 2**20),
         max_media_items=args.max_media_items,
+        max_parts=args.max_content_parts,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
         keepalive_timeout=args.keepalive_timeout,

@@ -10,6 +10,8 @@ anew. Any failure, of the worker or of its answer, is the leg's failure.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +20,7 @@ from pd_policy import PolicyError
 from pd_policy.exchange_events import Event, Leg, LegAnswered, LegFailed, Send
 from pd_policy_vllm.http.attempt import Attempt
 from pd_policy_vllm.http.calls import post_json
+from pd_policy_vllm.http.parsing import OFF_THE_LOOP
 from pd_policy_vllm.http.upstream import Upstream
 from pd_policy_vllm.openai.plan.events import kv_facts
 from pd_policy_vllm.openai.plan.legs import prefill_bytes
@@ -57,8 +60,12 @@ async def send(
             and plan.body is incoming.body
             and plan.prefill_route == incoming.route.value
         ):
-            # The client's own body (not pinned, rendered or translated): spliced.
-            spliced = prefill_bytes(raw, incoming.body, incoming.route, plan.handoff)
+            # The client's own body (not pinned, rendered or translated): spliced. Finding
+            # its members is a step of Python a value: a large body's, in a thread.
+            splice = functools.partial(
+                prefill_bytes, raw, incoming.body, incoming.route, plan.handoff
+            )
+            spliced = splice() if len(raw) < OFF_THE_LOOP else await asyncio.to_thread(splice)
             body = spliced if spliced is not None else body
         # Unparsed: the decode leg reads only what it needs, the ids as bytes.
         route = url + plan.prefill_route

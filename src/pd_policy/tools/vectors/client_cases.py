@@ -52,3 +52,12 @@ def client_cases(add: Callable[..., None]) -> None:
             count=count,
             limit=limit,
         )
+    for count, limit in ((16384, 16384), (16385, 16384)):
+        add(
+            f"media_items/parts/{count}_of_{limit}",
+            "a request's messages and parts within the cap, or a typed 400",
+            "media_items",
+            count=count,
+            limit=limit,
+            of="parts",
+        )

@@ -31,6 +31,7 @@ __all__ = [
     "TEXT_PART_TYPES",
     "MediaPart",
     "count_media_items",
+    "count_parts",
     "item_values",
     "media_parts",
     "without_media",
@@ -182,6 +183,28 @@ def _media(body: Mapping[str, Any]) -> list[tuple[int, int, dict[str, Any]]]:
 
 #: The members of a body whose items hold content parts: chat's, and the Responses API's.
 _ITEMS: Final = ("messages", "input")
+
+
+def count_parts(body: Any, most: int) -> int:
+    """How many items of ``body``'s ``messages`` and ``input``, and content parts of theirs,
+    there are together, counted up to ``most`` and no further: a step a message, never a
+    part (a content list is counted by its length). Raises nothing: what is not a list of
+    items or a content list counts for nothing (the plan refuses it later)."""
+    if not isinstance(body, dict):
+        return 0
+    found = 0
+    for field in _ITEMS:
+        items = body.get(field)
+        if not isinstance(items, list):
+            continue
+        found += len(items)
+        for item in items:
+            if found >= most:
+                return most
+            content = item.get("content") if isinstance(item, dict) else None
+            if isinstance(content, list):
+                found += len(content)
+    return min(found, most)
 
 
 def count_media_items(body: Any, most: int) -> int:
