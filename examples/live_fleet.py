@@ -80,8 +80,9 @@ def main() -> int:
                 "max_tokens": 4, "temperature": 0}  # fmt: skip
 
     with pool_fleet(llava, work / "pool", kv_events=True) as pool:
-        server, url = fleet_proxy(pool, "--kv-routing")
+        server = fleet_proxy(pool, "--kv-routing")
         with running([server]):
+            url = server.url
             seeds = [1, 2, None, 3]
             baseline = {s: answer(call(pool.baseline, body(s, 0), WORKER_KEY)) for s in seeds}
             rows: list[tuple[str, str, str, str]] = []

@@ -35,14 +35,14 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="pd-policy-http-demo-"))
     llava = build_llava(work / "llava")
-    prefill, prefill_url = vllm_server(
+    prefill = vllm_server(
         "prefill", llava, work, kv_config=connector("kv_producer", work / "transfers")
     )
-    decode, decode_url = vllm_server(
+    decode = vllm_server(
         "decode", llava, work, language_model_only=True,
         kv_config=connector("kv_consumer", work / "transfers"),
     )  # fmt: skip
-    baseline, baseline_url = vllm_server("baseline", llava, work)
+    baseline = vllm_server("baseline", llava, work)
     words = TEXT
 
     def body(seed: int, **extra: Any) -> dict[str, Any]:
@@ -75,8 +75,10 @@ def main() -> int:
     notes = []
     print("starting three vllm serve workers and the proxy (about a minute)...", flush=True)
     with running([prefill, decode, baseline]):
-        server, proxy_url = proxy(work, prefill_url, [decode_url], "--no-mrope")
+        decode_url, baseline_url = decode.url, baseline.url
+        server = proxy(work, prefill.url, [decode_url], "--no-mrope")
         with running([server]):
+            proxy_url = server.url
             for name, seed, stream in (("A", 1, False), ("B", 2, False), ("A", 1, True)):
                 got, report = tokens(proxy_url, seed, stream=stream)
                 want, _ = tokens(baseline_url, seed)
