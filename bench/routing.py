@@ -46,7 +46,7 @@ from measuring import percentile  # noqa: E402
 from routing_oracle import Cost, pooled_lru, simulate  # noqa: E402
 from routing_trace import TraceSpec, chains, make_trace, working_set  # noqa: E402
 
-from pd_policy.kv_blocks import BlockHasher  # noqa: E402
+from pd_policy.cache.kv_blocks import BlockHasher  # noqa: E402
 from pd_policy.tools.tables import splice  # noqa: E402
 
 NAME: Final = "performance-routing"

@@ -38,7 +38,7 @@ from typing import Any, Final
 
 import attrs
 
-from pd_policy.kv_blocks import BlockHasher, MmSpan, external_hash
+from pd_policy.cache.kv_blocks import BlockHasher, MmSpan, external_hash
 from pd_policy.tools.tables import splice
 
 #: The generated block of docs/performance.md.

@@ -31,7 +31,7 @@ import attrs
 
 from kv_stub_cache import chain_of
 from kv_stub_prompt import Prompt, chat_prompt
-from pd_policy.kv_blocks import BlockHasher
+from pd_policy.cache.kv_blocks import BlockHasher
 
 __all__ = ["Request", "TraceSpec", "chains", "make_trace", "working_set"]
 

@@ -1,5 +1,5 @@
-"""Random walks through an [`Exchange`][pd_policy.exchange.Exchange]: a fleet to place on, the
-events a router could report in each phase, and the trace of what the exchange answered.
+"""Random walks through an [`Exchange`][pd_policy.exchange.machine.Exchange]: a fleet to place
+on, the events a router could report in each phase, and the trace of what the exchange answered.
 
 A walk draws, at each step, one of the events the exchange's phase takes (by the table
 it is checked against, so every kind is drawn where it may come), with the parameters a
@@ -30,7 +30,7 @@ from pd_policy import (
     WorkerStreamError,
 )
 from pd_policy.exchange import Exchange
-from pd_policy.exchange_events import (
+from pd_policy.exchange.events import (
     Action,
     Begin,
     ClientLeft,
@@ -45,7 +45,7 @@ from pd_policy.exchange_events import (
     PlanFailed,
     Planned,
 )
-from pd_policy.exchange_states import LEG_OF, TRANSITIONS, Phase
+from pd_policy.exchange.states import LEG_OF, TRANSITIONS, Phase
 
 Member = RosterMember[str]
 

@@ -2,7 +2,7 @@
 
 It keeps what a vLLM worker's block pool keeps, at the granularity a router sees: the
 full blocks of each prompt served, by their published hash
-([`external_hash`][pd_policy.kv_blocks.external_hash]), at most ``capacity`` of them.
+([`external_hash`][pd_policy.cache.kv_blocks.external_hash]), at most ``capacity`` of them.
 A request hits the leading run of its blocks the cache holds, short of its last token
 (vLLM always computes the last token again, for its logits); when it is served, its
 blocks become the most recent, head first: a vLLM worker frees a finished request's
@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from kv_stub_prompt import Prompt
-from pd_policy.kv_blocks import BlockHasher, external_hash
+from pd_policy.cache.kv_blocks import BlockHasher, external_hash
 
 __all__ = ["BlockCache", "chain_of"]
 

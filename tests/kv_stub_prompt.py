@@ -30,7 +30,7 @@ from typing import Any, Final
 import attrs
 
 from pd_policy import MalformedRequest
-from pd_policy.kv_blocks import MmSpan
+from pd_policy.cache.kv_blocks import MmSpan
 from pd_policy_vllm.openai.plan.request import check_cache_salt
 
 __all__ = ["Prompt", "PromptError", "chat_prompt", "completion_prompts", "render_answer"]

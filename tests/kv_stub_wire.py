@@ -15,7 +15,7 @@ from typing import Any
 from vllm.distributed.kv_events import BlockRemoved, BlockStored
 
 from kv_stub_prompt import Prompt
-from pd_policy.kv_blocks import HashAlgo
+from pd_policy.cache.kv_blocks import HashAlgo
 
 __all__ = [
     "completion",

@@ -26,7 +26,7 @@ from kv_stub_wire import (
     stored_event,
     tensor,
 )
-from pd_policy.kv_blocks import BlockHasher, HashAlgo
+from pd_policy.cache.kv_blocks import BlockHasher, HashAlgo
 
 __all__ = ["KvStub", "Record", "StubConfig"]
 

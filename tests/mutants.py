@@ -44,7 +44,32 @@ _FLOW: Final = ("tests/http/test_http_stream_backpressure.py",)
 _CANCEL: Final = ("tests/http/test_http_upstream_cancel.py",)
 _GATE: Final = ("tests/http/test_http_client_gate.py", "tests/http/test_http_front_door.py")
 _PARTS: Final = ("tests/http/test_http_content_parts.py",)
+_LAYOUT: Final = ("tests/test_import_graph.py", "tests/test_vendoring.py")
 MUTANTS: Final = (
+    Mutant(
+        "the seed's policy imports a sub-package",
+        "pd_policy/decision.py",
+        "from .media_errors import MissingMediaIdentity\n",
+        "from .media_errors import MissingMediaIdentity\n"
+        "from .media import identity as _identity\n",
+        _LAYOUT,
+    ),
+    Mutant(
+        "the fleet's rules import the exchange, for types only",
+        "pd_policy/fleet/balance.py",
+        "from ..errors import MalformedRequest, NoWorkerAvailable\n",
+        "from ..errors import MalformedRequest, NoWorkerAvailable\n\n"
+        "if False:  # as TYPE_CHECKING: a circle a checker walks, never run\n"
+        "    from ..exchange import events as _events\n",
+        ("tests/test_import_graph.py",),
+    ),
+    Mutant(
+        "the package's front needs its sub-packages",
+        "pd_policy/__init__.py",
+        "    if exc.name is None or not exc.name.startswith(_SUBPACKAGES):\n        raise\n",
+        "    raise\n",
+        ("tests/test_vendoring.py",),
+    ),
     Mutant(
         "a request's messages and parts are never counted",
         "pd_policy_vllm/http/parsing.py",
@@ -96,14 +121,14 @@ MUTANTS: Final = (
     ),
     Mutant(
         "the exchange retries after the client has seen a byte",
-        "pd_policy/exchange.py",
+        "pd_policy/exchange/machine.py",
         "if error.retryable and not self.seen and self.attempt < self.attempts:",
         "if error.retryable and self.attempt < self.attempts:",
         _EXCHANGE,
     ),
     Mutant(
         "the exchange sends the decode without checking the handoff",
-        "pd_policy/exchange.py",
+        "pd_policy/exchange/machine.py",
         "        except MissingKvTransferParams as exc:\n"
         "            return self._fail(exc, None, None)\n",
         "        except MissingKvTransferParams:\n            pass\n",
@@ -111,56 +136,56 @@ MUTANTS: Final = (
     ),
     Mutant(
         "the exchange blames the prefill for any leg",
-        "pd_policy/exchange.py",
+        "pd_policy/exchange/machine.py",
         "return self._fail(event.error, self._member(event.leg), event.leg)",
         "return self._fail(event.error, self._member(Leg.PREFILL), event.leg)",
         _EXCHANGE,
     ),
     Mutant(
         "the exchange makes one attempt more than its budget",
-        "pd_policy/exchange.py",
+        "pd_policy/exchange/machine.py",
         "self.attempt < self.attempts:",
         "self.attempt <= self.attempts:",
         _EXCHANGE,
     ),
     Mutant(
         "the exchange holds a worker's 4xx against its health",
-        "pd_policy/exchange.py",
+        "pd_policy/exchange/machine.py",
         "error.status >= 500",
         "error.status >= 400",
         _EXCHANGE,
     ),
     Mutant(
         "the exchange renders on the prefill in E/P/D",
-        "pd_policy/exchange.py",
+        "pd_policy/exchange/machine.py",
         "if (leg is Leg.RENDER and self._encodes) or leg is Leg.ENCODE:",
         "if leg is Leg.ENCODE:",
         _EXCHANGE,
     ),
     Mutant(
         "the exchange keeps a failed attempt's load held",
-        "pd_policy/exchange.py",
+        "pd_policy/exchange/machine.py",
         "            actions = self._release() + actions\n",
         "            self.placement = None\n",
         _EXCHANGE,
     ),
     Mutant(
         "the exchange tries a failed member again",
-        "pd_policy/exchange.py",
+        "pd_policy/exchange/machine.py",
         "                self.excluded += (blamed.name,)\n",
         "                pass\n",
         _EXCHANGE,
     ),
     Mutant(
         "the exchange answers a 503 for the fleet instead of the failure that made it try",
-        "pd_policy/exchange.py",
+        "pd_policy/exchange/machine.py",
         "                exc = after  # no other worker to try: the failure that made it try\n",
         "                pass\n",
         _EXCHANGE,
     ),
     Mutant(
         "the exchange retries a refusal",
-        "pd_policy/exchange.py",
+        "pd_policy/exchange/machine.py",
         "if error.retryable and not self.seen",
         "if not self.seen",
         _EXCHANGE,
@@ -369,7 +394,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "media identity: the bytes win over the client's uuid",
-        "pd_policy/media_identity.py",
+        "pd_policy/media/identity.py",
         "    if has_uuid:\n        return IdentityBasis.CLIENT\n"
         "    if source is MediaSource.INLINE or pinned:\n        return IdentityBasis.CONTENT\n",
         "    if source is MediaSource.INLINE or pinned:\n        return IdentityBasis.CONTENT\n"
@@ -378,14 +403,14 @@ MUTANTS: Final = (
     ),
     Mutant(
         "client uuids: forwarded as sent, whatever the tenant",
-        "pd_policy/uuid_scope.py",
+        "pd_policy/media/uuid_scope.py",
         "    if mode is ClientUuids.TRUSTED:\n        return uuid\n",
         "    return uuid\n",
         ("tests/test_uuid_scope.py", "tests/http/test_http_tenant.py"),
     ),
     Mutant(
         "client uuids: one that looks forwarded is passed on",
-        "pd_policy/uuid_scope.py",
+        "pd_policy/media/uuid_scope.py",
         "    if mode is ClientUuids.TRUSTED:\n",
         "    if mode is ClientUuids.TRUSTED or uuid.startswith(SCOPED_UUID_PREFIX):\n",
         ("tests/test_uuid_scope.py",),
@@ -399,7 +424,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "media identity: the hash factors are left out",
-        "pd_policy/media_identity.py",
+        "pd_policy/media/identity.py",
         "    for factor in _factor_values(inputs.factors):",
         "    for factor in ():",
         ("tests/test_media_identity.py",),
@@ -413,7 +438,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "media rules: a subdomain passes for its parent",
-        "pd_policy/media_rules.py",
+        "pd_policy/media/rules.py",
         "return host is not None and host.lower() in self.allowed_domains",
         "return host is not None and any(host.lower().endswith(d) for d in self.allowed_domains)",
         ("tests/test_media_rules.py",),
@@ -478,21 +503,21 @@ MUTANTS: Final = (
     ),
     Mutant(
         "placement: a fleet that cannot serve the media is a retryable 503, not a 400",
-        "pd_policy/placement.py",
+        "pd_policy/fleet/placement.py",
         "    if listed and not prefills:",
         "    if False:",
         ("tests/test_placement.py",),
     ),
     Mutant(
         "placement: the decode leaves out no worker an earlier attempt failed on",
-        "pd_policy/placement.py",
+        "pd_policy/fleet/placement.py",
         '    decode = roster.choose("decode", compatible, exclude=exclude)',
         '    decode = roster.choose("decode", compatible)',
         ("tests/test_placement.py",),
     ),
     Mutant(
         "placement: after an encoder, any prefill (not a cache consumer) takes the leg",
-        "pd_policy/placement.py",
+        "pd_policy/fleet/placement.py",
         "    prefills = select_prefill_workers(request, listed, encoded=encoded)",
         "    prefills = select_prefill_workers(request, listed, encoded=False)",
         ("tests/test_placement.py",),
@@ -513,7 +538,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "one routable worker: the first compatible one is taken instead",
-        "pd_policy/balance.py",
+        "pd_policy/fleet/balance.py",
         "        return up[0]",
         "        return compatible[0]",
         ("tests/test_balance.py", "tests/test_placement.py"),
@@ -831,28 +856,28 @@ MUTANTS: Final = (
     ),
     Mutant(
         "the cache rule ignores the load bound: one hot prefix floods its holder",
-        "pd_policy/balance.py",
+        "pd_policy/fleet/balance.py",
         "    holders = [w for w in up if w.cached and w.outstanding + 1 <= held_cap]",
         "    holders = [w for w in up if w.cached]",
         ("tests/test_balance.py",),
     ),
     Mutant(
         "the cache rule prefers the busier of two equal holders",
-        "pd_policy/balance.py",
+        "pd_policy/fleet/balance.py",
         "    return worker.cached, -worker.outstanding",
         "    return worker.cached, worker.outstanding",
         ("tests/test_balance.py",),
     ),
     Mutant(
         "the salt keys every block, not the first",
-        "pd_policy/kv_blocks.py",
+        "pd_policy/cache/kv_blocks.py",
         "            if start == 0 and cache_salt:",
         "            if cache_salt:",
         ("tests/vllm/test_kv_hashes.py",),
     ),
     Mutant(
         "a media item's offset is taken from the prompt's start, not the block's",
-        "pd_policy/kv_blocks.py",
+        "pd_policy/cache/kv_blocks.py",
         '                keys.append(("mm", _fresh(spans[at].identifier),'
         " spans[at].offset - start))",
         '                keys.append(("mm", _fresh(spans[at].identifier), spans[at].offset))',
@@ -860,7 +885,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "an item that ends on a block's first token is left out of that block",
-        "pd_policy/kv_blocks.py",
+        "pd_policy/cache/kv_blocks.py",
         "            while item < len(spans) and spans[item].offset + spans[item].length <= start:",
         "            while item < len(spans) and spans[item].offset + spans[item].length"
         " <= start + 1:",
@@ -868,7 +893,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "the keys share one identifier object, as no served worker's do",
-        "pd_policy/kv_blocks.py",
+        "pd_policy/cache/kv_blocks.py",
         '                keys.append(("mm", _fresh(spans[at].identifier),'
         " spans[at].offset - start))",
         '                keys.append(("mm", spans[at].identifier, spans[at].offset - start))',
@@ -876,14 +901,14 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a lost batch goes unnoticed: the index counts blocks it may not have",
-        "pd_policy/prefix_index.py",
+        "pd_policy/cache/prefix_index.py",
         "        if last is not None and seq > last + 1:",
         "        if False:",
         ("tests/test_prefix_index.py",),
     ),
     Mutant(
         "a restarted worker keeps the blocks its old engine held",
-        "pd_policy/prefix_index.py",
+        "pd_policy/cache/prefix_index.py",
         "                state.blocks.clear()\n                self._apply(state, seq, events)",
         "                self._apply(state, seq, events)",
         ("tests/test_prefix_index.py",),

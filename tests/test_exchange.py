@@ -24,7 +24,7 @@ from pd_policy import (
     place,
 )
 from pd_policy.exchange import Exchange, fixed, settle
-from pd_policy.exchange_events import (
+from pd_policy.exchange.events import (
     Begin,
     ClientLeft,
     DeadlinePassed,
@@ -41,7 +41,7 @@ from pd_policy.exchange_events import (
     Relay,
     Send,
 )
-from pd_policy.exchange_states import ExchangeError, Phase
+from pd_policy.exchange.states import ExchangeError, Phase
 from pd_policy.tools.scenarios import image_request
 
 VISION = WorkerCapability(Support.TRUE)

@@ -14,7 +14,7 @@ from hypothesis import given
 from exchange_walks import Fleet, Member, Step, walks
 from pd_policy import DecodeForm, MissingKvTransferParams, WorkerFailedToStart, missing_kv_fields
 from pd_policy.exchange import Exchange
-from pd_policy.exchange_events import (
+from pd_policy.exchange.events import (
     BEFORE_DECODE,
     Credit,
     Finish,
@@ -33,7 +33,7 @@ from pd_policy.exchange_events import (
     Release,
     Send,
 )
-from pd_policy.exchange_states import Phase
+from pd_policy.exchange.states import Phase
 
 Walk = tuple[Exchange[str], Fleet, list[Step]]
 

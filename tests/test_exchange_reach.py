@@ -27,7 +27,7 @@ from pd_policy import (
     WorkerFailedToStart,
 )
 from pd_policy.exchange import Exchange
-from pd_policy.exchange_events import (
+from pd_policy.exchange.events import (
     Begin,
     ClientLeft,
     DeadlinePassed,
@@ -42,8 +42,8 @@ from pd_policy.exchange_events import (
     PlanFailed,
     Planned,
 )
-from pd_policy.exchange_states import TRANSITIONS, ExchangeError
-from pd_policy.exchange_states import Phase as ExchangePhase
+from pd_policy.exchange.states import TRANSITIONS, ExchangeError
+from pd_policy.exchange.states import Phase as ExchangePhase
 
 _STRIPPED: Final = HandoffCheck(DecodeForm.TEXT_PLUS_HASHES, True, KvConnectorMode.TRANSFER)
 _FULL: Final = HandoffCheck(DecodeForm.FULL, True, KvConnectorMode.TRANSFER)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pd_policy.kv_blocks import HashAlgo
+from pd_policy.cache.kv_blocks import HashAlgo
 from pd_policy_vllm.kv_events.source import KvSource, kv_source_from_config
 
 

@@ -17,7 +17,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from pd_policy import MalformedRequest, Modality, PolicyError
-from pd_policy.media_identity import (
+from pd_policy.media.identity import (
     IDENTITY_PREFIX,
     HashFactors,
     IdentityBasis,

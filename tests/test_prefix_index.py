@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from pd_policy.prefix_index import (
+from pd_policy.cache.prefix_index import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

@@ -1,21 +1,15 @@
 """pd-policy: how a multimodal LLM request is split between prefill and decode workers.
 
-In prefill/decode disaggregated serving, decode workers often run vLLM with
-``--language-model-only`` (no vision encoder, encoder-cache budget 0). This package
-decides what the decode leg of a request may carry for a decode worker, builds that leg,
-folds media identity into the decode ``cache_salt``, checks the KV handoff after
-prefill, and refuses the pairings that cannot work with typed, non-retryable errors.
-
-The core is pure (no I/O) on the standard library and ``attrs`` only, so it can be
-vendored as one folder. The tools that explain and check the policy (the CLI, the
-scenarios, the conformance vectors, the docs tables) live in ``pd_policy.tools``, which
-a gateway that vendors the policy drops. Adapters: ``pd_policy_grpc`` (SMG's vLLM
-engine protos), ``pd_policy_vllm`` (a live vLLM engine, vLLM's HTTP server).
+The seed's policy is the top of this package: it decides what the decode leg of a request
+may carry for a decode worker (vLLM's ``--language-model-only`` among them), builds that
+leg, folds media identity into its ``cache_salt``, checks the KV handoff after prefill,
+and refuses what cannot work with typed errors; pure, on the standard library and
+``attrs``. Its sub-packages hold the rest of the core: ``fleet``, ``exchange``,
+``cache``, ``media`` (``docs/architecture.md``); ``tools`` explains and checks it.
 """
 
 from __future__ import annotations
 
-from .balance import CACHE_SLACK, DEFAULT_BOUND, Balance, WorkerSnapshot, choose, rendezvous_order
 from .batch import Modality, MultimodalBatch, PlaceholderRange
 from .capability import (
     EngineFacts,
@@ -85,22 +79,8 @@ from .errors import (
     PolicyError,
     Unauthorized,
 )
-from .exchange import Exchange
-from .exchange_states import ExchangeError, Phase
 from .handoff import check_kv_handoff, ensure_kv_handoff, relay_kv
 from .handoff_fields import KV_FLAG_FIELDS, REQUIRED_KV_FIELDS, missing_kv_fields
-from .health import (
-    Health,
-    HealthPolicy,
-    HealthState,
-    drain,
-    eject,
-    leg_failed,
-    leg_succeeded,
-    probe_failed,
-    readmit,
-    routable,
-)
 from .legs import (
     build_decode_leg,
     clone_without_mm,
@@ -110,22 +90,9 @@ from .legs import (
     metadata_only,
 )
 from .media_errors import MediaFetchFailed, MediaRefused, MediaUnreachable, MissingMediaIdentity
-from .media_identity import (
-    IDENTITY_PREFIX,
-    HashFactors,
-    IdentityBasis,
-    MediaSource,
-    identity_basis,
-    item_identity,
-)
-from .media_rules import DEFAULT_FETCH_TIMEOUTS, MediaFetchRules, check_media_url, media_source
 from .mrope import MROPE_GRID_KEYS, grids_kept_on_cpu, has_mrope_grids, mrope_metadata_gap
-from .placement import Placement, media_affinity, place
 from .prefill import prefill_batch, prefill_leg
-from .probing import Prober, ProbeTimes
 from .request import LegacyKvParams, MediaRef, Request
-from .roster import ROLES, Roster
-from .roster import Member as RosterMember
 from .router_fields import ROUTER_FIELDS, OnClient, RouterField, check_client_fields
 from .salt import (
     SALT_FOLD_PREFIX,
@@ -138,7 +105,6 @@ from .salt import (
 )
 from .selection import DecodeCandidate, ensure_model_accepts_media, select_decode_workers
 from .tensor import PayloadLocation, TensorDescriptor
-from .uuid_scope import ANONYMOUS, SCOPED_UUID_PREFIX, ClientUuids, Tenant, forwarded_uuid
 from .worker import (
     MM_MEDIA_REF_SCHEMES_LABEL,
     MM_METADATA_LABEL,
@@ -149,6 +115,50 @@ from .worker import (
     WorkerCapability,
 )
 from .worker_errors import WorkerFailedToStart, WorkerStreamError, grpc_status_to_http
+
+# The sub-packages' names. Where the seed's policy is vendored alone (docs/vendoring.md),
+# the sub-packages are not there: the package imports without their names.
+_SUBPACKAGES = tuple(f"{__name__}.{name}" for name in ("cache", "exchange", "fleet", "media"))
+try:
+    from .exchange import Exchange
+    from .exchange.states import ExchangeError, Phase
+    from .fleet.balance import (
+        CACHE_SLACK,
+        DEFAULT_BOUND,
+        Balance,
+        WorkerSnapshot,
+        choose,
+        rendezvous_order,
+    )
+    from .fleet.health import (
+        Health,
+        HealthPolicy,
+        HealthState,
+        drain,
+        eject,
+        leg_failed,
+        leg_succeeded,
+        probe_failed,
+        readmit,
+        routable,
+    )
+    from .fleet.placement import Placement, media_affinity, place
+    from .fleet.probing import Prober, ProbeTimes
+    from .fleet.roster import ROLES, Roster
+    from .fleet.roster import Member as RosterMember
+    from .media.identity import (
+        IDENTITY_PREFIX,
+        HashFactors,
+        IdentityBasis,
+        MediaSource,
+        identity_basis,
+        item_identity,
+    )
+    from .media.rules import DEFAULT_FETCH_TIMEOUTS, MediaFetchRules, check_media_url, media_source
+    from .media.uuid_scope import ANONYMOUS, SCOPED_UUID_PREFIX, ClientUuids, Tenant, forwarded_uuid
+except ModuleNotFoundError as exc:
+    if exc.name is None or not exc.name.startswith(_SUBPACKAGES):
+        raise
 
 __version__ = "0.1.0"
 

@@ -3,7 +3,7 @@ the engine names its prefix-cache blocks by.
 
 A router that follows a prefill's KV events ([`kv_routing`][pd_policy_grpc.kv_routing])
 computes the request's block hashes itself
-([`BlockHasher`][pd_policy.kv_blocks.BlockHasher]) from the token ids, each media item's
+([`BlockHasher`][pd_policy.cache.kv_blocks.BlockHasher]) from the token ids, each media item's
 identifier and placeholder run, and the cache salt the engine sees. The servicer
 (``smg-grpc-servicer`` 0.14, its ``Generate``) builds that prompt in one of three ways,
 and so does [`block_prompt`][pd_policy_grpc.blocks.block_prompt]:
@@ -31,7 +31,7 @@ from __future__ import annotations
 import attrs
 
 from pd_policy import upstream_cache_salt
-from pd_policy.kv_blocks import MmSpan
+from pd_policy.cache.kv_blocks import MmSpan
 
 from .view import batches_with_paths
 from .wire import pb

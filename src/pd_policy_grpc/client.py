@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator
 
 import grpc
 from pd_policy import DecodeCandidate, plan_kv_handoff, select_decode_workers
-from pd_policy.exchange_events import HandoffCheck, KvFacts
+from pd_policy.exchange.events import HandoffCheck, KvFacts
 
 from .admission import admit_message
 from .calls import PdCalls
@@ -57,7 +57,7 @@ class SequentialPd(PdCalls):
     4. checks the handoff: a stripped multimodal leg without one raises the 502;
     5. streams the decode leg's responses.
 
-    Its life is an [`Exchange`][pd_policy.exchange.Exchange] of one attempt on its one
+    Its life is an [`Exchange`][pd_policy.exchange.machine.Exchange] of one attempt on its one
     pair ([`drive`][pd_policy_grpc.driver.drive]), as [`FleetPd`][pd_policy_grpc.fleet.FleetPd]
     drives one per request over a fleet: the steps above are its actions.
 

@@ -1,4 +1,4 @@
-"""One request through a gRPC router: its [`Exchange`][pd_policy.exchange.Exchange] driven
+"""One request through a gRPC router: its [`Exchange`][pd_policy.exchange.machine.Exchange] driven
 with the calls each action asks for, yielding the decode worker's responses.
 
 Every router of this package drives it: a pair router
@@ -20,7 +20,7 @@ import attrs
 
 from pd_policy import KvHandoff, Placement, PolicyError, Roster
 from pd_policy.exchange import Exchange, one_pair, settle
-from pd_policy.exchange_events import (
+from pd_policy.exchange.events import (
     Begin,
     ClientLeft,
     DeadlinePassed,

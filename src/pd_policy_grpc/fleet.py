@@ -1,12 +1,12 @@
 """``FleetPd``: sequential P/D over a fleet of gRPC workers, with health and retries.
 
-The roster is the core's ([`pd_policy.Roster`][pd_policy.roster.Roster]), of
-[`GrpcWorker`][pd_policy_grpc.fleet.GrpcWorker]s: each one's channel and what its own
+The roster is the core's ([`pd_policy.Roster`][pd_policy.fleet.roster.Roster]), of
+[`GrpcWorker`][pd_policy_grpc.workers.GrpcWorker]s: each one's channel and what its own
 ``GetModelInfo`` and ``GetServerInfo`` said it is. Each request is an
-[`Exchange`][pd_policy.exchange.Exchange] ([`drive`][pd_policy_grpc.driver.drive]), as
+[`Exchange`][pd_policy.exchange.machine.Exchange] ([`drive`][pd_policy_grpc.driver.drive]), as
 every router of this library runs one:
 
-1. each attempt's members come from the core's [`place`][pd_policy.placement.place],
+1. each attempt's members come from the core's [`place`][pd_policy.fleet.placement.place],
    which the HTTP proxy uses too: the prefill among the members that can process the
    request's media, by the leading KV blocks of the request each holds when the fleet
    follows their KV events (``kv_routing``:
@@ -22,7 +22,7 @@ every router of this library runs one:
    ends the stream.
 
 [`probe_once`][pd_policy_grpc.fleet.FleetPd.probe_once] checks each member the core's
-[`Prober`][pd_policy.probing.Prober] names with its ``HealthCheck``: a member that fails
+[`Prober`][pd_policy.fleet.probing.Prober] names with its ``HealthCheck``: a member that fails
 is ejected, and one coming back (or whose description is old) is described again, since
 it may have come back as another kind (restarted with ``--language-model-only``).
 """
@@ -34,86 +34,35 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 import grpc
 from pd_policy import (
-    DEFAULT_BOOTSTRAP_PORT,
     DecodeCandidate,
     Exchange,
     InvalidConfiguration,
     KvConnectorMode,
     Placement,
-    PrefillKv,
     Prober,
     ProbeTimes,
     Request,
     Roster,
-    RosterMember,
     WorkerCapability,
     place,
 )
 from pd_policy.request_bounds import DEFAULT_MAX_MEDIA_ITEMS
 from pd_policy_grpc.admission import admit_message
 from pd_policy_grpc.calls import checked_max_media_items
-from pd_policy_grpc.capability import capability_from_info
 from pd_policy_grpc.client import SequentialPd
 from pd_policy_grpc.driver import Pair, drive
-from pd_policy_grpc.kv import prefill_kv_from_info
 from pd_policy_grpc.raw.admission import read_admitted
 from pd_policy_grpc.raw.reader import RawRequest
 from pd_policy_grpc.view import request_view
 from pd_policy_grpc.wire import pb, pb_grpc
+from pd_policy_grpc.workers import GrpcWorker, Member, describe_worker
 
 if TYPE_CHECKING:  # the KV events need pyzmq and msgspec, which the fleet alone does not
     from pd_policy_grpc.kv_routing import KvRouting
 
 __all__ = ["FleetPd", "GrpcWorker", "describe_worker"]
-
-
-@attrs.frozen(slots=True)
-class GrpcWorker:
-    """One gRPC worker: its ``address`` (``host:port``, an IPv6 host in brackets), its
-    channel, its capability, for a prefill how it hands KV over, and what its KV cache's
-    blocks are as ``GetServerInfo`` says: ``block_size`` tokens each (0: it does not
-    say) over ``data_parallel_size`` ranks (KV-event routing needs both,
-    [`kv_routing`][pd_policy_grpc.kv_routing])."""
-
-    address: str
-    channel: grpc.aio.Channel = attrs.field(eq=False, repr=False)
-    capability: WorkerCapability
-    kv: PrefillKv | None = None
-    block_size: int = 0
-    data_parallel_size: int = 1
-
-
-async def describe_worker(
-    channel: grpc.aio.Channel,
-    address: str,
-    role: str,
-    *,
-    kv_mode: KvConnectorMode | None = None,
-    bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT,
-    timeout: float = 10.0,
-) -> GrpcWorker:
-    """The worker at ``address`` as its own ``GetModelInfo`` and ``GetServerInfo`` describe
-    it (``kv_mode`` and ``bootstrap_port``: the operator's, for a prefill). Raises
-    ``grpc.aio.AioRpcError`` when it cannot be asked, and
-    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a prefill
-    whose connector's contract is unknown."""
-    stub = pb_grpc.VllmEngineStub(channel)
-    model = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout)
-    server = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout)
-    kv = None
-    if role == "prefill":
-        kv = prefill_kv_from_info(server, address, mode=kv_mode, bootstrap_port=bootstrap_port)
-    capability = capability_from_info(model, server)
-    ranks = max(server.data_parallel_size, 1)  # 0: a servicer that predates the field
-    return GrpcWorker(address, channel, capability, kv, server.block_size, ranks)
-
-
-#: A member of a gRPC fleet.
-Member = RosterMember[GrpcWorker]
 
 
 #: What makes a pair's router, from SequentialPd's arguments (``SequentialPd``,
@@ -263,7 +212,7 @@ class FleetPd:
 
     async def probe_once(self, *, kv_mode: KvConnectorMode | None = None) -> None:
         """Probe every member the prober names once (see the module docs); ``kv_mode`` as
-        for [`describe_worker`][pd_policy_grpc.fleet.describe_worker]."""
+        for [`describe_worker`][pd_policy_grpc.workers.describe_worker]."""
 
         async def healthy(member: Member) -> bool:
             stub = pb_grpc.VllmEngineStub(member.worker.channel)

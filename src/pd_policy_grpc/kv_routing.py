@@ -3,14 +3,14 @@ prefill's prefix cache, followed from its KV events, and each request's leading 
 counted on each prefill before the request is placed.
 
 An SMG servicer's ``GetServerInfo`` states its block size and its data-parallel size
-(read into [`GrpcWorker`][pd_policy_grpc.fleet.GrpcWorker]), but not where its engine
+(read into [`GrpcWorker`][pd_policy_grpc.workers.GrpcWorker]), but not where its engine
 publishes its KV events: the operator states that, per prefill, as the servicer was
 started with ``--kv-events-config``: a [`KvPublisher`][pd_policy_grpc.kv_routing.KvPublisher].
 (Without that flag the servicer turns vLLM's publisher on at a random port on every
 interface, which no router can find; ``SMG_VLLM_SERVICER_KV_EVENTS=0`` turns it off.)
 
 [`running`][pd_policy_grpc.kv_routing.KvRouting.running] feeds one
-[`PrefixIndex`][pd_policy.prefix_index.PrefixIndex] from each prefill member with a
+[`PrefixIndex`][pd_policy.cache.prefix_index.PrefixIndex] from each prefill member with a
 publisher whose blocks the router can name (a block size stated, one data-parallel rank),
 following the roster as it changes, with the proxy's own feeds
 ([`Feeds`][pd_policy_vllm.kv_events.feeds.Feeds]: in order, lost batches replayed). An
@@ -19,7 +19,7 @@ publisher's replay buffer, when it does.
 
 [`lookup`][pd_policy_grpc.kv_routing.KvRouting.lookup] names the request's blocks as
 each prefill's engine does ([`block_prompt`][pd_policy_grpc.blocks.block_prompt],
-[`BlockHasher`][pd_policy.kv_blocks.BlockHasher]) and counts the leading ones each
+[`BlockHasher`][pd_policy.cache.kv_blocks.BlockHasher]) and counts the leading ones each
 prefill in sync holds, in memory: no call is made on the request's path. A request that
 cannot be looked up is placed by the rules without it: no prefill fed and in sync, more
 than one sample (no prefill runs), or a prompt the router cannot name as the engine will.
@@ -40,11 +40,11 @@ from typing import Any
 import attrs
 
 from pd_policy import Health, InvalidConfiguration, PolicyError, Roster
-from pd_policy.kv_blocks import HashAlgo, block_hasher, external_hash
-from pd_policy.prefix_index import PrefixIndex
+from pd_policy.cache.kv_blocks import HashAlgo, block_hasher, external_hash
+from pd_policy.cache.prefix_index import PrefixIndex
 from pd_policy_grpc.blocks import block_prompt
-from pd_policy_grpc.fleet import GrpcWorker, Member
 from pd_policy_grpc.wire import pb
+from pd_policy_grpc.workers import GrpcWorker, Member
 
 try:
     from pd_policy_vllm.kv_events.feed import FeedStats

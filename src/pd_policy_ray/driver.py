@@ -1,4 +1,4 @@
-"""One request through the Ray decode server: its [`Exchange`][pd_policy.exchange.Exchange]
+"""One request through the Ray decode server: its [`Exchange`][pd_policy.exchange.machine.Exchange]
 driven with the calls each action asks for, yielding what Ray's ingress sends the client.
 
 The graph is one pair (the prefill deployment and this replica), so the exchange has one
@@ -39,7 +39,7 @@ from pd_policy import (
     check_client_fields,
 )
 from pd_policy.exchange import one_pair, settle
-from pd_policy.exchange_events import (
+from pd_policy.exchange.events import (
     Begin,
     Event,
     Finish,

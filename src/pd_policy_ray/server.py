@@ -3,7 +3,7 @@
 [`PolicyDecodeServer`][pd_policy_ray.server.PolicyDecodeServer] is Ray's
 ``PDDecodeServer`` (the decode deployment owns an engine and drives the remote prefill)
 with the request's life replaced by the policy's: an
-[`Exchange`][pd_policy.exchange.Exchange] of one attempt
+[`Exchange`][pd_policy.exchange.machine.Exchange] of one attempt
 ([`driver`][pd_policy_ray.driver]), as every router of this library runs. The policy
 plans both legs for the replica's own capability ([`legs`][pd_policy_ray.legs]), a
 refusal is an OpenAI error before any engine is called, the prefill runs on the prefill

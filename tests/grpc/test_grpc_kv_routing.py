@@ -22,7 +22,7 @@ from kv_peers import BLOCK, Decode, Prefill, Publisher, engine_chain, image, tex
 
 import grpc
 from pd_policy import InvalidConfiguration, Roster, rendezvous_order
-from pd_policy.kv_blocks import BlockHasher, external_hash
+from pd_policy.cache.kv_blocks import BlockHasher, external_hash
 from pd_policy_grpc.blocks import block_prompt
 from pd_policy_grpc.client import SequentialPd
 from pd_policy_grpc.fleet import FleetPd, GrpcWorker, PairRouter, describe_worker

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pd_policy.kv_blocks import HashAlgo, MmSpan, block_hasher
+from pd_policy.cache.kv_blocks import HashAlgo, MmSpan, block_hasher
 from pd_policy_vllm.http.fleet import kv_routing
 from pd_policy_vllm.http.fleet.kv_routing import LOOKUP_TOKENS, KvRouting
 from pd_policy_vllm.http.fleet.members import Fleet

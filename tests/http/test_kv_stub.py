@@ -18,8 +18,8 @@ from typing import Any
 import aiohttp
 
 from kv_stub import KvStub, StubConfig, kv_stubs
-from pd_policy.kv_blocks import BlockHasher, external_hash
-from pd_policy.prefix_index import PrefixIndex
+from pd_policy.cache.kv_blocks import BlockHasher, external_hash
+from pd_policy.cache.prefix_index import PrefixIndex
 from pd_policy_vllm.kv_events.feed import KvFeed
 from pd_policy_vllm.openai.plan.prefix import prompt_of_render
 

@@ -19,7 +19,7 @@ The workers run as every test server does (``servers.BASE_ENV``): their model in
 engine core's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which ``vllm serve``
 still runs apart from its API server, so the requests reach the block hasher decoded
 from the wire, each media identifier a string of its own (see
-``pd_policy.kv_blocks``). Their ``PYTHONHASHSEED`` is this process's, if any
+``pd_policy.cache.kv_blocks``). Their ``PYTHONHASHSEED`` is this process's, if any
 (``hash_seed``): it seeds their block hashes.
 """
 

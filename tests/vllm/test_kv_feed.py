@@ -24,8 +24,8 @@ from vllm.distributed.kv_events import (
 )
 
 from kv_publisher import bound_publisher
-from pd_policy.kv_blocks import HashAlgo
-from pd_policy.prefix_index import PrefixIndex
+from pd_policy.cache.kv_blocks import HashAlgo
+from pd_policy.cache.prefix_index import PrefixIndex
 from pd_policy_vllm.kv_events.feed import KvFeed
 from pd_policy_vllm.kv_events.feeds import Feeds
 from pd_policy_vllm.kv_events.source import KvSource

@@ -24,8 +24,8 @@ from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.request import Request
 
+from pd_policy.cache.kv_blocks import BlockHasher, HashAlgo, MmSpan, external_hash
 from pd_policy.errors import InvalidConfiguration, MalformedRequest
-from pd_policy.kv_blocks import BlockHasher, HashAlgo, MmSpan, external_hash
 
 
 def _own(text: str) -> str:

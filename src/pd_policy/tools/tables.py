@@ -19,7 +19,7 @@ from pd_policy.decision import DecodeForm, sequential_pd_decode_form
 from pd_policy.encoder_cache import encoder_outputs
 from pd_policy.epd import PrefillForm, encoder_consumer_leg, needs_encode_leg
 from pd_policy.errors import PolicyError
-from pd_policy.exchange_states import TRANSITIONS, Phase
+from pd_policy.exchange.states import TRANSITIONS, Phase
 from pd_policy.handoff_fields import REQUIRED_KV_FIELDS
 from pd_policy.mrope import has_mrope_grids
 from pd_policy.request import Request

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import grpc
 from pd_policy import DecodeCandidate, plan_kv_handoff, select_decode_workers
-from pd_policy.exchange_events import HandoffCheck, KvFacts
+from pd_policy.exchange.events import HandoffCheck, KvFacts
 from pd_policy_grpc.calls import PdCalls
 from pd_policy_grpc.driver import PairAttempt, drive, one_pair_of
 from pd_policy_grpc.raw.admission import read_admitted

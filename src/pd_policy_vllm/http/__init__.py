@@ -3,7 +3,7 @@
 
 - [`proxy`][pd_policy_vllm.http.proxy]: the server, its routes and its front door;
   [`driver`][pd_policy_vllm.http.driver] drives each request's
-  [`Exchange`][pd_policy.exchange.Exchange] with the I/O its actions ask for;
+  [`Exchange`][pd_policy.exchange.machine.Exchange] with the I/O its actions ask for;
 - [`upstream`][pd_policy_vllm.http.upstream.client]: the legs' client;
 - [`fleet`][pd_policy_vllm.http.fleet.members]: the workers, their health, probes, placement,
   metrics and the admin routes;

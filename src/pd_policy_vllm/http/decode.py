@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from pd_policy import PolicyError
-from pd_policy.exchange_events import Event, Leg, LegAnswered, LegFailed, Relay
+from pd_policy.exchange.events import Event, Leg, LegAnswered, LegFailed, Relay
 from pd_policy_vllm.http.attempt import Attempt
 from pd_policy_vllm.http.relay import DecodeRelay
 from pd_policy_vllm.http.upstream import Upstream

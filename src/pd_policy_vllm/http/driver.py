@@ -1,4 +1,4 @@
-"""One request through the proxy: its [`Exchange`][pd_policy.exchange.Exchange] driven with
+"""One request through the proxy: its [`Exchange`][pd_policy.exchange.machine.Exchange] driven with
 the I/O each action asks for.
 
 The loop is the whole of the request's life: the exchange says what to do, and a module
@@ -7,7 +7,7 @@ does it and reports what happened: [`planning`][pd_policy_vllm.http.planning] th
 each ``Send`` (a render, encode or prefill leg), [`decode`][pd_policy_vllm.http.decode]
 the ``Relay``. Every rule (which member, in which order, when to check the handoff,
 whom to blame, whether to try again, when nothing can be retried) is the exchange's; the
-fleet's bookkeeping is applied by [`settle`][pd_policy.exchange.settle]. A client that
+fleet's bookkeeping is applied by [`settle`][pd_policy.exchange.machine.settle]. A client that
 disconnects cancels the handler: the exchange is told, the legs' connections close, and
 vLLM aborts what it was doing. The metrics and the request's log line are written once,
 when it ends.
@@ -20,7 +20,7 @@ import functools
 from collections.abc import Mapping
 
 from pd_policy.exchange import Exchange, settle
-from pd_policy.exchange_events import (
+from pd_policy.exchange.events import (
     Begin,
     ClientLeft,
     DeadlinePassed,

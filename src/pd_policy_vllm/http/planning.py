@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 
 from pd_policy import MalformedRequest, PolicyError, Request
-from pd_policy.exchange_events import Event, PlanFailed
-from pd_policy.exchange_events import Plan as PlanAction
+from pd_policy.exchange.events import Event, PlanFailed
+from pd_policy.exchange.events import Plan as PlanAction
 from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.attempt import Attempt
 from pd_policy_vllm.http.fleet.members import Member

@@ -10,7 +10,7 @@ vLLM dependency.
 Per request: the front door admits it
 ([`admit`][pd_policy_vllm.http.front_door.admit]: the client's key, its body within the
 limits, its uuids scoped to its tenant), and the driver runs its
-[`Exchange`][pd_policy.exchange.Exchange]
+[`Exchange`][pd_policy.exchange.machine.Exchange]
 ([`Driver`][pd_policy_vllm.http.driver.Driver]): the members of each attempt, its legs in
 order, the handoff checked before the decode, a failure tried again on other members
 while the client has seen nothing and the exchange allows, the decode relayed to the
@@ -80,7 +80,7 @@ class Proxy:
     pd_policy_vllm.http.client_gate.GatedRunner], as the CLI does). ``limits``: the
     bounds on the workers' answers ([`Limits`][pd_policy_vllm.http.upstream.Limits]).
     ``client_uuids``: a client's media ``uuid`` is scoped to its tenant, or trusted
-    ([`ClientUuids`][pd_policy.uuid_scope.ClientUuids]). ``media_limits``: the proxy's own
+    ([`ClientUuids`][pd_policy.media.uuid_scope.ClientUuids]). ``media_limits``: the proxy's own
     limits on a media fetch ([`MediaLimits`][pd_policy_vllm.http.media.guard.MediaLimits]:
     public hosts only, by default), over a session of its own. ``request_timeout``: the
     seconds a whole request may take, its retries included (``None``: no limit; past it,

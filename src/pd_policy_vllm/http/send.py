@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pd_policy import PolicyError
-from pd_policy.exchange_events import Event, Leg, LegAnswered, LegFailed, Send
+from pd_policy.exchange.events import Event, Leg, LegAnswered, LegFailed, Send
 from pd_policy_vllm.http.attempt import Attempt
 from pd_policy_vllm.http.calls import post_json
 from pd_policy_vllm.http.parsing import OFF_THE_LOOP

@@ -22,7 +22,7 @@ import attrs
 import zmq
 import zmq.asyncio
 
-from pd_policy.prefix_index import Fed, PrefixIndex
+from pd_policy.cache.prefix_index import Fed, PrefixIndex
 
 from .wire import END_OF_REPLAY, read_batch, read_seq
 

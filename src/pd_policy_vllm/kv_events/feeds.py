@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 import zmq.asyncio
 
-from pd_policy.prefix_index import PrefixIndex
+from pd_policy.cache.prefix_index import PrefixIndex
 
 from .feed import FeedStats, KvFeed
 from .source import KvSource

@@ -14,7 +14,7 @@ request will hit, and when the router can compute the same block names:
 - blocks named at the granularity they are cached (no ``--prefix-match-unit`` finer
   than the block size);
 - a hash algorithm the core computes (``sha256`` or ``sha256_cbor``,
-  [`HashAlgo`][pd_policy.kv_blocks.HashAlgo]).
+  [`HashAlgo`][pd_policy.cache.kv_blocks.HashAlgo]).
 
 Anything else gives ``None`` with the reason: the worker is then routed by today's rules
 (affinity, load), never by guesses.
@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 
 from pd_policy.authority import host_of_url
-from pd_policy.kv_blocks import HashAlgo
+from pd_policy.cache.kv_blocks import HashAlgo
 
 __all__ = ["KvSource", "kv_source_from_config"]
 

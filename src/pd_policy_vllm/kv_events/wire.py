@@ -17,7 +17,7 @@ from typing import Final
 
 import msgspec
 
-from pd_policy.prefix_index import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from pd_policy.cache.prefix_index import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 __all__ = ["END_OF_REPLAY", "WireBatch", "read_batch", "read_seq"]
 

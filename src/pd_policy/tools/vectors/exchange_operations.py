@@ -1,5 +1,6 @@
-"""The conformance operation of a request's life: an [`Exchange`][pd_policy.exchange.Exchange]
-fed a list of events, and the actions it answered.
+"""The conformance operation of a request's life: an
+[`Exchange`][pd_policy.exchange.machine.Exchange] fed a list of events, and the actions it
+answered.
 
 * ``exchange``: ``members`` names each role's members in order (``prefill``, ``decode``,
   ``encode``), placed as "the first of each role not left out"; ``attempts`` is the
@@ -29,7 +30,7 @@ from pd_policy.connectors import KvConnectorMode
 from pd_policy.decision import DecodeForm
 from pd_policy.errors import MalformedRequest, NoWorkerAvailable, PolicyError
 from pd_policy.exchange import Exchange
-from pd_policy.exchange_events import (
+from pd_policy.exchange.events import (
     Action,
     Begin,
     ClientLeft,
@@ -52,9 +53,9 @@ from pd_policy.exchange_events import (
     Release,
     Send,
 )
-from pd_policy.exchange_states import ExchangeError
-from pd_policy.placement import Placement
-from pd_policy.roster import Member
+from pd_policy.exchange.states import ExchangeError
+from pd_policy.fleet.placement import Placement
+from pd_policy.fleet.roster import Member
 from pd_policy.worker_errors import WorkerFailedToStart, WorkerStreamError
 
 from .reading import field

@@ -2,7 +2,7 @@
 
 * ``choose_worker``: among ``workers`` (each ``name``, ``routable``, ``outstanding``, in
   the caller's order, all able to serve the leg), the index of the one
-  [`choose`][pd_policy.balance.choose] picks for a ``role``, an ``affinity`` key, a
+  [`choose`][pd_policy.fleet.balance.choose] picks for a ``role``, an ``affinity`` key, a
   ``bound``, a ``balance`` and two ``draws``; or the error.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from pd_policy.balance import DEFAULT_BOUND, Balance, WorkerSnapshot, choose
 from pd_policy.errors import MalformedRequest, PolicyError
+from pd_policy.fleet.balance import DEFAULT_BOUND, Balance, WorkerSnapshot, choose
 
 from .reading import error, field, opt_field
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from pd_policy.media_identity import MediaSource
+from pd_policy.media.identity import MediaSource
 
 __all__ = ["media_cases"]
 

@@ -15,8 +15,8 @@ from typing import Any, Final, TypeVar
 
 from pd_policy.batch import Modality
 from pd_policy.errors import MalformedRequest, PolicyError
-from pd_policy.media_identity import HashFactors, MediaSource, identity_basis, item_identity
-from pd_policy.media_rules import MediaFetchRules, check_media_url
+from pd_policy.media.identity import HashFactors, MediaSource, identity_basis, item_identity
+from pd_policy.media.rules import MediaFetchRules, check_media_url
 
 from .reading import error, field, opt_field
 

@@ -1,5 +1,5 @@
 """Routing on what each prefill's prefix cache holds: the proxy's side of the core's
-[`PrefixIndex`][pd_policy.prefix_index.PrefixIndex].
+[`PrefixIndex`][pd_policy.cache.prefix_index.PrefixIndex].
 
 Each prefill that publishes its KV events (read from its description:
 [`kv_source_from_config`][pd_policy_vllm.kv_events.source.kv_source_from_config]) is fed
@@ -8,7 +8,7 @@ Before a request is placed, its [`lookup`][pd_policy_vllm.http.fleet.kv_routing.
 learns its expanded prompt (from a prefill's render route, or from a completions body's
 token prompt), names its blocks as each prefill does, and counts the leading ones each
 prefill holds: the placement prefers the prefill that holds the most, within the load
-bound ([`choose`][pd_policy.balance.choose]).
+bound ([`choose`][pd_policy.fleet.balance.choose]).
 
 A lookup names at most the prompt's first ``max_tokens`` tokens' blocks
 ([`LOOKUP_TOKENS`][pd_policy_vllm.http.fleet.kv_routing.LOOKUP_TOKENS] by default): each
@@ -34,8 +34,8 @@ from typing import Any, Final
 import attrs
 
 from pd_policy import MediaSource, PolicyError, routable
-from pd_policy.kv_blocks import HashAlgo, block_hasher, external_hash
-from pd_policy.prefix_index import PrefixIndex
+from pd_policy.cache.kv_blocks import HashAlgo, block_hasher, external_hash
+from pd_policy.cache.prefix_index import PrefixIndex
 from pd_policy_vllm.http.calls import post_json
 from pd_policy_vllm.http.fleet.members import Fleet, Member
 from pd_policy_vllm.http.fleet.routing import HttpPlacer

@@ -1,4 +1,4 @@
-"""The proxy's fleet: the core's [`Roster`][pd_policy.roster.Roster] of HTTP workers.
+"""The proxy's fleet: the core's [`Roster`][pd_policy.fleet.roster.Roster] of HTTP workers.
 
 A member is an [`HttpWorker`][pd_policy_vllm.openai.workers.HttpWorker] (its URL and what
 its server said it is), named by its URL without credentials or path

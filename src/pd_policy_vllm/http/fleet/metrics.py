@@ -32,7 +32,7 @@ from pd_policy import Health, routable
 from pd_policy_vllm.http.fleet.members import Fleet, Member
 
 if TYPE_CHECKING:
-    from pd_policy.prefix_index import PrefixIndex
+    from pd_policy.cache.prefix_index import PrefixIndex
     from pd_policy_vllm.http.fleet.kv_routing import Lookup
     from pd_policy_vllm.kv_events.feed import FeedStats
 

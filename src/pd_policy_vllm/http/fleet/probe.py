@@ -1,4 +1,4 @@
-"""Active health checks over HTTP: the core's [`Prober`][pd_policy.probing.Prober] decides,
+"""Active health checks over HTTP: the core's [`Prober`][pd_policy.fleet.probing.Prober] decides,
 this module asks.
 
 Every ``interval`` seconds each member the prober names gets ``GET /health``; when the
@@ -29,7 +29,7 @@ __all__ = ["Probe", "probe_once", "probing"]
 @attrs.frozen(slots=True)
 class Probe:
     """How often members are probed and described (the core's
-    [`ProbeTimes`][pd_policy.probing.ProbeTimes]), and what the operator says of those
+    [`ProbeTimes`][pd_policy.fleet.probing.ProbeTimes]), and what the operator says of those
     that do not describe themselves."""
 
     interval: float = 2.0

@@ -1,5 +1,5 @@
 """Which members of the fleet take an attempt at a request: the proxy's placement, one call
-into the core's [`place`][pd_policy.placement.place] per attempt.
+into the core's [`place`][pd_policy.fleet.placement.place] per attempt.
 
 The rules are the core's, shared with the gRPC fleet: compatible first, then routable,
 then affinity to the request's media for the encoder and prefill, load for the decode.

@@ -11,7 +11,7 @@ the worker and gives the item an identity unique to the request (``UNCACHED``:
 correct, and never reused), or refuses it (``REFUSE``).
 
 Fetching, the proxy acts for the worker, so it keeps the worker's rules
-([`pd_policy.MediaFetchRules`][pd_policy.media_rules.MediaFetchRules]): its allowed
+([`pd_policy.MediaFetchRules`][pd_policy.media.rules.MediaFetchRules]): its allowed
 domains (checked on every redirect too, which vLLM does not: a proxy is a front
 door), its size cap and its time-out for the modality. It never reads a local file.
 And it fetches from its own place in the network, so it keeps its own limits too

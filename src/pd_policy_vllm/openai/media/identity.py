@@ -1,6 +1,6 @@
 """Each media part's identity, by the core's rule, from a chat body and its prefill worker.
 
-The identity of a part ([`pd_policy.item_identity`][pd_policy.media_identity.item_identity]):
+The identity of a part ([`pd_policy.item_identity`][pd_policy.media.identity.item_identity]):
 
 - inline data (a ``data:`` URL, ``input_audio``, embeddings) is hashed: the SHA-256 of
   the URL's text, or of the canonical JSON of the part's data;

@@ -269,7 +269,7 @@ def media_parts(
     one kind of media (``prompt_embeds`` included: a decode leg could not keep it and
     stay text), a URL that is not a string, and a part with neither data nor a
     ``uuid``; [`MediaRefused`][pd_policy.media_errors.MediaRefused] (400) for a URL the
-    worker would not read ([`check_media_url`][pd_policy.media_rules.check_media_url]).
+    worker would not read ([`check_media_url`][pd_policy.media.rules.check_media_url]).
     """
     rules = rules if rules is not None else MediaFetchRules()
     return tuple(_read(m, p, part, rules) for m, p, part in _media(body))

@@ -1,8 +1,9 @@
 """A request body's client uuids, scoped to the request's tenant before any leg is built.
 
-The rule is the core's ([`pd_policy.uuid_scope`][pd_policy.uuid_scope]); this module binds
-it to an HTTP request: the tenant is the body's ``cache_salt`` and the bearer key the
-proxy admitted, and every content part's ``uuid`` is replaced by its forwarded name.
+The rule is the core's ([`pd_policy.media.uuid_scope`][pd_policy.media.uuid_scope]); this
+module binds it to an HTTP request: the tenant is the body's ``cache_salt`` and the bearer
+key the proxy admitted, and every content part's ``uuid`` is replaced by its forwarded
+name.
 It runs once, on the body every later step reads (the fleet's choice, the identities,
 the prefill, render and decode legs), so no leg can carry a uuid as the client sent it.
 """
@@ -74,7 +75,7 @@ def scope_uuids(
 ) -> Any:
     """``body`` with the ``uuid`` of every content part of its ``messages`` (a chat body)
     and of its ``input`` items (a Responses body, whose own request is a decode leg)
-    replaced by [`forwarded_uuid`][pd_policy.uuid_scope.forwarded_uuid] for ``tenant``:
+    replaced by [`forwarded_uuid`][pd_policy.media.uuid_scope.forwarded_uuid] for ``tenant``:
     a new body sharing every other value (``body`` is not changed), or ``body`` itself
     when no part has a uuid or ``mode`` trusts them. A body of another shape is returned
     as it is: the plan refuses it. ``tenant`` may be a function giving it, called only

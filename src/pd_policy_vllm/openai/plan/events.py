@@ -1,4 +1,4 @@
-"""What a router's [`Exchange`][pd_policy.exchange.Exchange] is told of a plan: the legs
+"""What a router's [`Exchange`][pd_policy.exchange.machine.Exchange] is told of a plan: the legs
 before the decode, the handoff check, and the handoff a core decode leg carries.
 
 Every router of OpenAI bodies (the proxy, the Ray decode server) reports its plans with
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from pd_policy import Request
-from pd_policy.exchange_events import HandoffCheck, KvFacts, Leg, Planned
+from pd_policy.exchange.events import HandoffCheck, KvFacts, Leg, Planned
 from pd_policy_vllm.openai.plan.steps import Plan
 
 __all__ = ["kv_facts", "planned"]

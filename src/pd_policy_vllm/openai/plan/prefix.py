@@ -1,5 +1,5 @@
 """A request's prompt as a prefill worker will cache it: what a router hashes into block
-names ([`BlockHasher`][pd_policy.kv_blocks.BlockHasher]) to ask which worker holds it.
+names ([`BlockHasher`][pd_policy.cache.kv_blocks.BlockHasher]) to ask which worker holds it.
 
 The worker caches the *expanded* prompt: every media item's placeholder run at its
 length, named by the item's content hash. The router processes no media, so it learns
@@ -22,7 +22,7 @@ from typing import Any, Final
 import attrs
 
 from pd_policy import MalformedRequest
-from pd_policy.kv_blocks import MmSpan
+from pd_policy.cache.kv_blocks import MmSpan
 from pd_policy_vllm.openai.plan.request import Route, check_cache_salt
 from pd_policy_vllm.openai.wire.codec import token_ids
 

@@ -1,10 +1,10 @@
 """What a router keeps about its fleet: the members by role, each one's health and load.
 
-The state a router must keep, and nothing else. Each [`Member`][pd_policy.roster.Member]
+The state a router must keep, and nothing else. Each [`Member`][pd_policy.fleet.roster.Member]
 holds the adapter's description of a worker (a URL and its capability, a gRPC channel
-and its info), its health ([`HealthState`][pd_policy.health.HealthState], moved only
+and its info), its health ([`HealthState`][pd_policy.fleet.health.HealthState], moved only
 by the core's transitions) and its outstanding requests. Choosing is
-[`choose`][pd_policy.balance.choose] over snapshots of the members; the events (a leg
+[`choose`][pd_policy.fleet.balance.choose] over snapshots of the members; the events (a leg
 succeeded or failed, a probe) come from the adapter. There is no I/O here and no clock
 of its own: ``clock`` is passed in. One event loop owns a roster, so it takes no lock.
 
@@ -93,7 +93,7 @@ class Roster(Generic[W]):
 
     def join(self, member: Member[W]) -> Member[W]:
         """Add ``member``, replacing one of its name. Raises ``ValueError`` for a role
-        outside [`ROLES`][pd_policy.roster.ROLES]."""
+        outside [`ROLES`][pd_policy.fleet.roster.ROLES]."""
         if member.role not in ROLES:
             raise ValueError(f"unknown role {member.role!r}")
         old = self.named(member.name)
@@ -107,7 +107,7 @@ class Roster(Generic[W]):
         """A ``role`` member called ``name`` joins (replacing one of its name): in service at
         once when ``healthy`` (the adapter has just read its description from the worker
         itself, which is a passed probe), else starting until a probe passes. Raises
-        ``ValueError`` for a role outside [`ROLES`][pd_policy.roster.ROLES]."""
+        ``ValueError`` for a role outside [`ROLES`][pd_policy.fleet.roster.ROLES]."""
         health = HealthState(Health.HEALTHY) if healthy else HealthState()
         return self.join(Member(role, name, worker, health))
 
@@ -160,7 +160,7 @@ class Roster(Generic[W]):
         cached: Mapping[str, int] | None = None,
     ) -> Member[W]:
         """The member of ``compatible`` (those that can serve the leg) that takes it, by
-        [`choose`][pd_policy.balance.choose]; ``exclude`` names the members an earlier
+        [`choose`][pd_policy.fleet.balance.choose]; ``exclude`` names the members an earlier
         attempt of the request failed on, ``cached`` how many of its leading KV blocks
         each member holds, by name. Raises
         [`NoWorkerAvailable`][pd_policy.errors.NoWorkerAvailable] (503, retryable)."""

@@ -1,13 +1,13 @@
 """One client request's life through a router, as a state machine: events in, actions out.
 
 Every router of this library (the HTTP proxy, ``FleetPd`` and the pair routers on gRPC,
-the Ray decode server) drives an [`Exchange`][pd_policy.exchange.Exchange] with the
+the Ray decode server) drives an [`Exchange`][pd_policy.exchange.machine.Exchange] with the
 I/O it does, and does what it is told next (the events and actions:
-[`exchange_events`][pd_policy.exchange_events]). So each rule of a request's life is
+[`events`][pd_policy.exchange.events]). So each rule of a request's life is
 written once, here:
 
 - **Choice.** Each attempt's members come from one call to the router's placement (the
-  core's [`place`][pd_policy.placement.place] over its roster), leaving out the members
+  core's [`place`][pd_policy.fleet.placement.place] over its roster), leaving out the members
   earlier attempts failed on.
 - **Order.** An attempt runs its legs render, encode, prefill, decode, each at most once,
   skipping those its plan does not need; the render goes to the encoder in E/P/D, else
@@ -28,9 +28,9 @@ written once, here:
   client that leaves, or a deadline that passes, ends it with no blame.
 
 The states and the events each one takes are
-[`TRANSITIONS`][pd_policy.exchange.TRANSITIONS], the single source of the state diagram in
+[`TRANSITIONS`][pd_policy.exchange.machine.TRANSITIONS], the single source of the state diagram in
 ``docs/architecture.md``. An event a state does not take raises
-[`ExchangeError`][pd_policy.exchange.ExchangeError] and changes nothing. Pure: stdlib and
+[`ExchangeError`][pd_policy.exchange.machine.ExchangeError] and changes nothing. Pure: stdlib and
 attrs; the placement callable is the router's (its roster's draw counter aside, it reads).
 """
 
@@ -39,15 +39,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final, Generic, TypeVar
 
-from .client_errors import RequestTimedOut
-from .errors import (
+from ..client_errors import RequestTimedOut
+from ..errors import (
     InvalidConfiguration,
     MissingKvTransferParams,
     NoDecodeWorkerAvailable,
     NoWorkerAvailable,
     PolicyError,
 )
-from .exchange_events import (
+from ..fleet.placement import Placement
+from ..fleet.roster import Member, Roster
+from ..handoff import check_kv_handoff
+from ..worker_errors import WorkerFailedToStart
+from .events import (
     BEFORE_DECODE,
     Action,
     Begin,
@@ -71,11 +75,7 @@ from .exchange_events import (
     Release,
     Send,
 )
-from .exchange_states import LEG_OF, PHASE_OF, TRANSITIONS, ExchangeError, Phase
-from .handoff import check_kv_handoff
-from .placement import Placement
-from .roster import Member, Roster
-from .worker_errors import WorkerFailedToStart
+from .states import LEG_OF, PHASE_OF, TRANSITIONS, ExchangeError, Phase
 
 __all__ = ["ONE_PAIR", "Exchange", "IoAction", "Placer", "fixed", "one_pair", "settle"]
 
@@ -146,13 +146,13 @@ class Exchange(Generic[W]):
     """One client request through a router (see the module docs).
 
     ``place`` gives an attempt's members, leaving out the members named (the router's
-    placement over its roster, or [`fixed`][pd_policy.exchange.fixed]); it raises the
+    placement over its roster, or [`fixed`][pd_policy.exchange.machine.fixed]); it raises the
     policy's refusals and [`NoWorkerAvailable`][pd_policy.errors.NoWorkerAvailable].
     ``attempts`` is the budget: attempts in all, at least 1. Raises
     [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a budget that is
     not a positive integer.
 
-    [`handle`][pd_policy.exchange.Exchange.handle] takes each event and returns the
+    [`handle`][pd_policy.exchange.machine.Exchange.handle] takes each event and returns the
     actions it leads to; ``finish`` holds the last one once the exchange is over.
     """
 
@@ -181,7 +181,7 @@ class Exchange(Generic[W]):
 
     def handle(self, event: Event) -> tuple[Action, ...]:
         """The actions ``event`` leads to: bookkeeping, then one action that is I/O or the
-        finish. Raises [`ExchangeError`][pd_policy.exchange.ExchangeError] for an event the
+        finish. Raises [`ExchangeError`][pd_policy.exchange.machine.ExchangeError] for an event the
         phase does not take (a leg's event for another leg than the one out included), and
         whatever ``place`` raises that is not a policy error."""
         allowed = TRANSITIONS[self.phase].get(type(event))

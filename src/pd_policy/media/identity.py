@@ -14,13 +14,13 @@ two items with one identity make the engine compute the same thing. So it covers
   what the engine keeps apart.
 
 Where the router does not see the bytes, it has three honest answers, the
-identity's [`IdentityBasis`][pd_policy.media_identity.IdentityBasis]: the worker that
+identity's [`IdentityBasis`][pd_policy.media.identity.IdentityBasis]: the worker that
 fetched the item names it (vLLM's own hash, from its render route); the client
 named it (a ``uuid``, which vLLM takes as the item's hash, so the decode leg must
 agree with the prefill's); or the item is *uncached*: its identity is unique to the
 request, so it is correct and merely never reused.
-[`identity_basis`][pd_policy.media_identity.identity_basis] is that rule, and
-[`item_identity`][pd_policy.media_identity.item_identity] the identity.
+[`identity_basis`][pd_policy.media.identity.identity_basis] is that rule, and
+[`item_identity`][pd_policy.media.identity.item_identity] the identity.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Any, Final
 
 import attrs
 
-from .batch import Modality
-from .errors import MalformedRequest
-from .fields import instance_of
+from ..batch import Modality
+from ..errors import MalformedRequest
+from ..fields import instance_of
 
 __all__ = [
     "IDENTITY_PREFIX",

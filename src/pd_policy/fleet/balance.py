@@ -7,11 +7,11 @@ The order of the rules is the contract:
    [`epd`][pd_policy.epd] decide that): a worker that cannot serve a request is never
    picked while one that can is listed, however idle it is.
 2. **Routable next.** Of those, only the ones whose health says so
-   ([`health`][pd_policy.health]). When every compatible worker is out, the answer
+   ([`health`][pd_policy.fleet.health]). When every compatible worker is out, the answer
    is a 503 that a client may retry, never an incompatible worker.
 3. **Cache, bounded by load.** When the router knows how many of the request's leading
    KV blocks each worker holds (its prefix cache, from the worker's KV events:
-   [`prefix_index`][pd_policy.prefix_index]), the worker that holds the most takes it
+   [`prefix_index`][pd_policy.cache.prefix_index]), the worker that holds the most takes it
    (the least loaded of those, then each in turn), among those whose load stays within
    the affinity's cap below, or that have fewer than ``1 + CACHE_SLACK`` requests: a
    prefix computed once is not computed again, and one hot prefix cannot flood its
@@ -43,7 +43,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import attrs
 
-from .errors import MalformedRequest, NoWorkerAvailable
+from ..errors import MalformedRequest, NoWorkerAvailable
 
 __all__ = [
     "CACHE_SLACK",

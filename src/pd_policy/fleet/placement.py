@@ -12,7 +12,7 @@ apart. For each role, in this order:
    (its KV events), then the encoder and the prefill by *affinity* to the request's
    media (their prefix and encoder caches hold it), each bounded by load; the decode
    by load alone
-   ([`Roster.choose`][pd_policy.roster.Roster.choose]).
+   ([`Roster.choose`][pd_policy.fleet.roster.Roster.choose]).
 
 Pure but for the roster's draw counter: the members' health and load are read, never
 moved.
@@ -25,12 +25,12 @@ from typing import Generic, TypeVar
 
 import attrs
 
-from .epd import select_encoder_workers, select_prefill_workers
-from .errors import MultimodalNotSupported
-from .request import Request
+from ..epd import select_encoder_workers, select_prefill_workers
+from ..errors import MultimodalNotSupported
+from ..request import Request
+from ..selection import DecodeCandidate, select_decode_workers
+from ..worker import WorkerCapability
 from .roster import Member, Roster
-from .selection import DecodeCandidate, select_decode_workers
-from .worker import WorkerCapability
 
 __all__ = ["Placement", "media_affinity", "place"]
 

@@ -5,9 +5,9 @@ A vLLM worker publishes its cache as numbered batches of events: ``BlockStored``
 it cached, by hash), ``BlockRemoved`` (blocks it evicted) and ``AllBlocksCleared``. The
 index keeps, per worker, the set of block hashes the events say it holds; a request's
 blocks are a hash chain (each names the whole prefix up to it,
-[`kv_blocks`][pd_policy.kv_blocks]), so the blocks a worker holds of a request are the
+[`kv_blocks`][pd_policy.cache.kv_blocks]), so the blocks a worker holds of a request are the
 leading run of the request's chain found in that worker's set
-([`cached`][pd_policy.prefix_index.PrefixIndex.cached]).
+([`cached`][pd_policy.cache.prefix_index.PrefixIndex.cached]).
 
 The index trusts its feed no further than it must. Events are hints: a wrong one can cost
 a cache miss, never a wrong answer (the worker computes what it does not hold). So:
@@ -15,8 +15,8 @@ a cache miss, never a wrong answer (the worker computes what it does not hold). 
 - a worker's batches must come in order, numbered one after another. A batch whose
   number skips ahead means lost events: the worker is *unsynced*, its blocks count for
   nothing, until the batches it missed are replayed in order
-  ([`missing`][pd_policy.prefix_index.PrefixIndex.missing] says from which) or the
-  router gives up on them ([`resync`][pd_policy.prefix_index.PrefixIndex.resync]: the
+  ([`missing`][pd_policy.cache.prefix_index.PrefixIndex.missing] says from which) or the
+  router gives up on them ([`resync`][pd_policy.cache.prefix_index.PrefixIndex.resync]: the
   blocks it knew are forgotten, and it is known again from its next batch on);
 - a batch numbered below the last one is a new publisher (the worker restarted): what
   the index knew of it is forgotten, and it is read from that batch on;
@@ -104,7 +104,7 @@ class PrefixIndex:
 
     def feed(self, worker: str, seq: int, events: Iterable[KvEvent]) -> str:
         """Apply the batch numbered ``seq`` of ``worker``'s events; what it did
-        ([`Fed`][pd_policy.prefix_index.Fed])."""
+        ([`Fed`][pd_policy.cache.prefix_index.Fed])."""
         state = self._workers.setdefault(worker, _Worker())
         last = state.last
         if last is not None and seq <= last:
@@ -172,7 +172,7 @@ class PrefixIndex:
 
     def cached(self, workers: Iterable[str], chain: Sequence[int]) -> Mapping[str, int]:
         """For each of ``workers``, how many leading blocks of ``chain`` (a request's block
-        hashes, as [`external_hash`][pd_policy.kv_blocks.external_hash] gives them) it
+        hashes, as [`external_hash`][pd_policy.cache.kv_blocks.external_hash] gives them) it
         holds: 0 for a worker out of sync or never heard from."""
         out: dict[str, int] = {}
         for name in workers:

@@ -15,7 +15,7 @@ may be routed to. Nothing here reads a clock or does I/O: the adapter passes ``n
 
 A worker that comes back may come back as another kind (restarted with
 ``--language-model-only``, say): the adapter describes it anew before it reports the
-probe that re-admits it ([`readmit`][pd_policy.health.readmit]).
+probe that re-admits it ([`readmit`][pd_policy.fleet.health.readmit]).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import enum
 
 import attrs
 
-from .errors import MalformedRequest
-from .fields import instance_of
+from ..errors import MalformedRequest
+from ..fields import instance_of
 
 __all__ = [
     "Health",

@@ -27,11 +27,11 @@ from urllib.parse import unquote, urlsplit
 
 import attrs
 
-from .batch import Modality
-from .errors import MalformedRequest
-from .fields import instance_of
-from .media_errors import MediaRefused
-from .media_identity import MediaSource
+from ..batch import Modality
+from ..errors import MalformedRequest
+from ..fields import instance_of
+from ..media_errors import MediaRefused
+from .identity import MediaSource
 
 __all__ = ["DEFAULT_FETCH_TIMEOUTS", "MediaFetchRules", "check_media_url", "media_source"]
 

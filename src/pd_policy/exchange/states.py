@@ -1,6 +1,6 @@
-"""The phases of an [`Exchange`][pd_policy.exchange.Exchange] and the events each one takes.
+"""The phases of an [`Exchange`][pd_policy.exchange.machine.Exchange] and the events each one takes.
 
-[`TRANSITIONS`][pd_policy.exchange_states.TRANSITIONS] is the single source of the state
+[`TRANSITIONS`][pd_policy.exchange.states.TRANSITIONS] is the single source of the state
 diagram in ``docs/architecture.md`` (``pd-policy tables exchange`` writes it), and every
 step of an exchange is checked against it.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
-from .exchange_events import (
+from .events import (
     Begin,
     ClientLeft,
     DeadlinePassed,

@@ -53,9 +53,9 @@ class ProbeTimes:
 
 class Prober(Generic[W]):
     """The probing of ``roster`` (see the module docs): ask [`round`][
-    pd_policy.probing.Prober.round] for the members to check, report each check with
-    [`checked`][pd_policy.probing.Prober.checked], and, when it says so, the description
-    read with [`described`][pd_policy.probing.Prober.described]."""
+    pd_policy.fleet.probing.Prober.round] for the members to check, report each check with
+    [`checked`][pd_policy.fleet.probing.Prober.checked], and, when it says so, the description
+    read with [`described`][pd_policy.fleet.probing.Prober.described]."""
 
     def __init__(self, roster: Roster[W], times: ProbeTimes | None = None) -> None:
         self.roster = roster

@@ -9,7 +9,7 @@ request's ``cache_salt`` on the first block (two tenants never share a prefix), 
 LoRA adapter (``("lora", name, path)``). Its KV events publish each block's hash, by
 default as the low 64 bits (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
 
-[`BlockHasher`][pd_policy.kv_blocks.BlockHasher] computes the same chain for a request
+[`BlockHasher`][pd_policy.cache.kv_blocks.BlockHasher] computes the same chain for a request
 whose expanded token ids and multimodal placements are known (a router that rendered
 it, or a tokenized gRPC request), so that a router can ask which worker holds its
 leading blocks. It must be set as the workers are: their block size, their
@@ -36,7 +36,7 @@ from typing import Any, Final
 
 import attrs
 
-from .errors import InvalidConfiguration, MalformedRequest
+from ..errors import InvalidConfiguration, MalformedRequest
 
 __all__ = [
     "DEFAULT_NONE_HASH_SEED",
@@ -194,7 +194,7 @@ class BlockHasher:
 def block_hasher(
     block_size: int, algo: HashAlgo = HashAlgo.SHA256, seed: str | None = None
 ) -> BlockHasher:
-    """The [`BlockHasher`][pd_policy.kv_blocks.BlockHasher] of workers set so, made once
+    """The [`BlockHasher`][pd_policy.cache.kv_blocks.BlockHasher] of workers set so, made once
     (its ``NONE_HASH`` is a hash): a router asks for it on every request. Raises as the
     constructor does."""
     return BlockHasher(block_size, algo, seed)

@@ -5,8 +5,8 @@ hash and keys its caches by it, across every request: ``cache_salt`` does not sc
 it. So a tenant that sends another tenant's uuid with other bytes is answered as the
 other's item, with a 200, by a plain ``vllm serve`` too, and learns what that item
 showed. A router in front of vLLM closes this by never forwarding a client's uuid as
-it came: [`forwarded_uuid`][pd_policy.uuid_scope.forwarded_uuid] makes it a SHA-256
-of the request's [`Tenant`][pd_policy.uuid_scope.Tenant] and the uuid.
+it came: [`forwarded_uuid`][pd_policy.media.uuid_scope.forwarded_uuid] makes it a SHA-256
+of the request's [`Tenant`][pd_policy.media.uuid_scope.Tenant] and the uuid.
 
 Why namespacing, and not the content's hash in place of the uuid:
 
@@ -38,8 +38,8 @@ from typing import Final
 
 import attrs
 
-from .errors import MalformedRequest
-from .fields import instance_of
+from ..errors import MalformedRequest
+from ..fields import instance_of
 
 __all__ = ["ANONYMOUS", "SCOPED_UUID_PREFIX", "ClientUuids", "Tenant", "forwarded_uuid"]
 
@@ -75,7 +75,7 @@ def _check_digest(_: object, attribute: attrs.Attribute[str], value: str) -> Non
 @attrs.frozen(slots=True)
 class Tenant:
     """Whose a request's client uuids are: a digest of its ``cache_salt`` and of the API
-    key the router admitted it with ([`of`][pd_policy.uuid_scope.Tenant.of]). Two
+    key the router admitted it with ([`of`][pd_policy.media.uuid_scope.Tenant.of]). Two
     requests are one tenant exactly when both are equal (each present or each absent).
     It holds no key and no salt, only the digest; its repr shows neither."""
 

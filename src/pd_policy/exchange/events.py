@@ -1,4 +1,4 @@
-"""What goes into an [`Exchange`][pd_policy.exchange.Exchange] and what comes out of it.
+"""What goes into an [`Exchange`][pd_policy.exchange.machine.Exchange] and what comes out of it.
 
 An exchange is one client request's life through a router, written as h11 writes a
 connection: the router reports what happened (an *event*: a leg answered, a leg failed,
@@ -6,7 +6,7 @@ the first byte reached the client, the client left, the deadline passed) and is 
 what to do next (an *action*: plan the attempt on these members, send this leg to this
 member, relay the decode, finish with this status). Bookkeeping actions (hold and
 release a member's load, penalize or credit its health) come with them, for the
-router's roster ([`settle`][pd_policy.exchange.settle]).
+router's roster ([`settle`][pd_policy.exchange.machine.settle]).
 
 Every type here is frozen data: the rules are in [`exchange`][pd_policy.exchange].
 """
@@ -19,11 +19,11 @@ from typing import Any, Final, Generic, TypeVar
 
 import attrs
 
-from .connectors import KvConnectorMode
-from .decision import DecodeForm
-from .errors import PolicyError
-from .placement import Placement
-from .roster import Member
+from ..connectors import KvConnectorMode
+from ..decision import DecodeForm
+from ..errors import PolicyError
+from ..fleet.placement import Placement
+from ..fleet.roster import Member
 
 __all__ = [
     "Action",
@@ -55,7 +55,7 @@ W = TypeVar("W")
 class Leg(enum.Enum):
     """A leg of an attempt, in the order the legs run (any but the decode may be skipped)."""
 
-    __hash__ = object.__hash__  # as Phase's (exchange_states): identity, at C speed
+    __hash__ = object.__hash__  # as Phase's (states.py): identity, at C speed
 
     #: The request rendered by a worker (the M-RoPE metadata path, E/P/D): the encoder's
     #: in E/P/D, else the prefill's.
@@ -100,7 +100,7 @@ class Begin:
 @attrs.frozen(slots=True)
 class Planned:
     """The router planned the attempt on the members of its [`Plan`][
-    pd_policy.exchange_events.Plan]: the ``legs`` it needs before the decode (a subset of
+    pd_policy.exchange.events.Plan]: the ``legs`` it needs before the decode (a subset of
     render, encode and prefill), the handoff ``check`` and the handoff the decode leg
     carries before any prefill answers (``kv``: a minted transfer, say)."""
 
@@ -164,8 +164,8 @@ Event = (
 @attrs.frozen(slots=True)
 class Plan(Generic[W]):
     """Plan ``attempt`` (1 first) on ``placement``'s members, and report
-    [`Planned`][pd_policy.exchange_events.Planned] or
-    [`PlanFailed`][pd_policy.exchange_events.PlanFailed]. ``after`` is the error that made
+    [`Planned`][pd_policy.exchange.events.Planned] or
+    [`PlanFailed`][pd_policy.exchange.events.PlanFailed]. ``after`` is the error that made
     the exchange try again (``None`` for the first attempt), and ``leg`` the leg it came
     from (``None`` when planning failed)."""
 
@@ -187,7 +187,7 @@ class Send(Generic[W]):
 @attrs.frozen(slots=True)
 class Relay(Generic[W]):
     """Send the decode leg to ``member`` and relay its answer to the client: report
-    [`FirstByte`][pd_policy.exchange_events.FirstByte] when the first byte goes out, then
+    [`FirstByte`][pd_policy.exchange.events.FirstByte] when the first byte goes out, then
     the decode's end or failure."""
 
     member: Member[W]
@@ -224,7 +224,7 @@ class Release(Generic[W]):
 @attrs.frozen(slots=True)
 class Penalize(Generic[W]):
     """A leg failed on ``member`` for a reason of the worker's: it counts against its
-    health ([`leg_failed`][pd_policy.health.leg_failed])."""
+    health ([`leg_failed`][pd_policy.fleet.health.leg_failed])."""
 
     member: Member[W]
 
