@@ -30,13 +30,20 @@ def port_of(endpoint: str) -> int:
 
 
 def bound_publisher(
-    topic: str = "", port: int | None = None, replay_port: int | None = None
+    topic: str = "",
+    port: int | None = None,
+    replay_port: int | None = None,
+    *,
+    buffer_steps: int = 10_000,
 ) -> tuple[ZmqEventPublisher, int, int]:
     """A publisher of ``topic`` with its replay socket, on ``port`` and ``replay_port`` (the
-    OS's pick for each not given); it, and the ports it is bound on."""
+    OS's pick for each not given), keeping its last ``buffer_steps`` batches for a replay
+    (vLLM's default); it, and the ports it is bound on."""
     events = f"tcp://*:{port}" if port is not None else "tcp://*:*"
     replay = f"tcp://*:{replay_port}" if replay_port is not None else "tcp://*:*"
-    publisher = _Publisher(0, endpoint=events, replay_endpoint=replay, topic=topic)
+    publisher = _Publisher(
+        0, endpoint=events, replay_endpoint=replay, buffer_steps=buffer_steps, topic=topic
+    )
     config = publisher.get_publisher_config()
     assert config.replay_endpoint is not None
     return publisher, port_of(config.endpoint), port_of(config.replay_endpoint)
