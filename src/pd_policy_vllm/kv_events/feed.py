@@ -9,6 +9,10 @@ worker cannot give them (no replay socket, or they left its buffer), the index f
 the worker's blocks and reads it on from its next batch. A batch that does not decode is
 counted lost in the same way. Either way the worker only counts for less than it holds
 until its cache is told again: a miss, never a wrong answer.
+
+The live copies of the batches a replay gave are stale, but a worker that restarts numbers
+its batches from 0 again: a live batch numbered within the replay's but made after its
+newest is the new engine's, and the worker is read anew from it.
 """
 
 from __future__ import annotations
@@ -75,8 +79,10 @@ class KvFeed:
         self.context = context if context is not None else zmq.asyncio.Context.instance()
         self.on_batch = on_batch
         self.stats = FeedStats()
-        # The last batch a replay gave: the live copies of it and those before are stale.
+        # The last batch a replay gave, and the newest stamp of its batches: the live
+        # copies of it and those before are stale.
         self._replayed_to: int | None = None
+        self._replayed_ts = 0.0
 
     async def run(self) -> None:
         """Read the worker's batches until cancelled: first what its replay socket still
@@ -109,7 +115,11 @@ class KvFeed:
             return
         if self._replayed_to is not None:
             if seq <= self._replayed_to:
-                return  # published while the replay ran, and applied from it
+                if ts <= self._replayed_ts:
+                    return  # published while the replay ran, and applied from it
+                # Made after every batch the replay gave, under a number it gave: a new
+                # engine's (its numbers start again at 0), read anew from this batch.
+                self.index.resync(self.name)
             self._replayed_to = None
         fed = self.index.feed(self.name, seq, events)
         if fed == Fed.GAP:
@@ -145,7 +155,7 @@ class KvFeed:
                     if len(frames) != 4 or frames[2] == END_OF_REPLAY:
                         break
                     seq, (ts, events) = read_seq(frames[2]), read_batch(frames[3])
-                    self._replayed_to = seq
+                    self._replayed_to, self._replayed_ts = seq, max(ts, self._replayed_ts)
                     if self.index.feed(self.name, seq, events) == Fed.APPLIED:
                         self.stats.replayed += 1
                         self._applied(ts)
