@@ -130,7 +130,8 @@ def choose(
 
     Raises [`NoWorkerAvailable`][pd_policy.errors.NoWorkerAvailable] (503, retryable)
     when no compatible worker is routable, and
-    [`MalformedRequest`][pd_policy.errors.MalformedRequest] for a ``bound`` below 1.
+    [`MalformedRequest`][pd_policy.errors.MalformedRequest] for a ``bound`` below 1 or
+    not a number (an infinite one puts no bound on the load).
     """
     if not bound >= 1.0:
         raise MalformedRequest("the affinity bound must be at least 1", param="bound")
@@ -139,7 +140,9 @@ def choose(
         raise NoWorkerAvailable(role)
     if len(up) == 1:  # every rule below takes it: skip the hashing
         return up[0]
-    cap = math.ceil(bound * (sum(w.outstanding for w in up) + 1) / len(up))
+    # A bound of the fleet's size or more lets any worker take every request: no cap is
+    # larger, and an infinite or huge one would overflow the integer.
+    cap = math.ceil(min(bound, len(up)) * (sum(w.outstanding for w in up) + 1) / len(up))
     held_cap = max(cap, 1 + CACHE_SLACK)
     holders = [w for w in up if w.cached and w.outstanding + 1 <= held_cap]
     if holders:
