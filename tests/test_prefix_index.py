@@ -160,3 +160,57 @@ def test_hashes_published_as_bytes_or_ints_are_one_key() -> None:
 def test_a_bound_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="max_blocks"):
         PrefixIndex(max_blocks=0)
+
+
+@given(histories(), histories(), st.data())
+def test_a_replay_from_past_the_lost_batch_counts_nothing_and_a_resync_reads_on(
+    batches: list[Batch], after: list[Batch], data: st.DataObject
+) -> None:
+    # The worker's buffer no longer holds the lost batch: its replay answers from a later
+    # number. Those batches cannot be applied (what the lost one did is unknown), so the
+    # worker counts nothing until the router gives up on them and reads on.
+    batches = [*batches, *[[BlockStored([b])] for b in range(4 - len(batches))]]
+    lost = data.draw(st.integers(1, len(batches) - 3), label="lost")
+    index = PrefixIndex()
+    for seq in range(lost):
+        index.feed("w", seq, batches[seq])
+    assert index.feed("w", lost + 1, batches[lost + 1]) == Fed.GAP
+    start = data.draw(st.integers(lost + 1, len(batches) - 1), label="the replay's first")
+    for seq in range(start, len(batches)):
+        assert index.feed("w", seq, batches[seq]) == Fed.GAP
+        assert not index.synced("w") and index.missing("w") == lost
+        assert index.cached(["w"], sorted(ALL))["w"] == 0
+    index.resync("w")
+    for seq, batch in enumerate(after, start=len(batches)):
+        assert index.feed("w", seq, batch) == Fed.APPLIED
+    assert holds(index, "w", ALL) == reference(after)  # only what it was told since
+
+
+@given(histories(), st.data())
+def test_while_a_replay_is_awaited_a_batch_already_applied_is_one_it_had(
+    batches: list[Batch], data: st.DataObject
+) -> None:
+    # Not a new publisher: the worker is waiting for the batches it lost, and a number
+    # below them is one the index applied (a replay that starts early), ignored.
+    batches = [*batches, *[[BlockStored([b])] for b in range(3 - len(batches))]]
+    lost = data.draw(st.integers(1, len(batches) - 2), label="lost")
+    index = PrefixIndex()
+    for seq in range(lost):
+        index.feed("w", seq, batches[seq])
+    assert index.feed("w", lost + 1, batches[lost + 1]) == Fed.GAP
+    again = data.draw(st.integers(0, lost - 1), label="again")
+    assert index.feed("w", again, batches[again]) == Fed.STALE
+    assert not index.synced("w") and index.missing("w") == lost
+    for seq in range(lost, len(batches)):
+        index.feed("w", seq, batches[seq])
+    assert index.synced("w") and holds(index, "w", ALL) == reference(batches)
+
+
+def test_a_worker_never_heard_from_or_forgotten_is_not_in_sync() -> None:
+    # A router looks up only the workers in sync: one it knows nothing of is not.
+    index = PrefixIndex()
+    assert not index.synced("w") and index.missing("w") is None and index.held("w") == 0
+    index.feed("w", 0, [BlockStored([1])])
+    assert index.synced("w")
+    index.forget("w")
+    assert not index.synced("w") and index.cached(["w"], [1]) == {"w": 0}

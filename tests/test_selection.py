@@ -24,7 +24,12 @@ from pd_policy import (
     select_decode_workers,
     sequential_pd_decode_form,
 )
-from pd_policy.tools.scenarios import image_request, mrope_request, text_request
+from pd_policy.tools.scenarios import (
+    image_request,
+    media_ref_request,
+    mrope_request,
+    text_request,
+)
 from strategies import requests, workers
 
 candidate_lists = st.lists(
@@ -130,3 +135,11 @@ def test_ensure_model_accepts_media(pool: list[WorkerCapability], refused: bool)
     else:
         ensure_model_accepts_media(image_request(), pool)
     ensure_model_accepts_media(text_request(), pool)  # text always passes
+
+
+@pytest.mark.parametrize("pool", [[LM], [LM, LM]])
+def test_media_references_are_media_too(pool: list[WorkerCapability]) -> None:
+    # The worker would fetch and encode them: a pool with no encoder cannot take them.
+    with pytest.raises(MultimodalNotSupported):
+        ensure_model_accepts_media(media_ref_request(), pool)
+    ensure_model_accepts_media(media_ref_request(), [*pool, VIS])

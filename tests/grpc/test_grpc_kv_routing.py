@@ -18,6 +18,8 @@ from typing import Any
 import attrs
 import pytest
 from engines import serve_address
+from hypothesis import event, given
+from hypothesis import strategies as st
 from kv_peers import BLOCK, Decode, Prefill, Publisher, engine_chain, image, text
 
 import grpc
@@ -136,6 +138,33 @@ def test_the_router_names_a_request_as_the_engine_behind_smg_does(
     )
     assert [external_hash(h) for h in ours] == engine_chain(request_)
     assert len(ours) == 4
+
+
+digests = st.sampled_from([c * 64 for c in "abcd"])
+
+
+@given(st.lists(st.lists(digests, min_size=1, max_size=3), min_size=1, max_size=3),
+       st.booleans(), st.booleans())  # fmt: skip
+def test_the_bare_identities_of_every_batch_salt_the_blocks_as_the_servicer_does(
+    batches: list[list[str]], primary: bool, placed: bool
+) -> None:
+    # A decode leg's form: hashes without payload, in the primary batch or the extras
+    # (one per modality). The servicer salts it with the hashes of every batch, in order.
+    request = text()
+    for i, hashes in enumerate(batches):
+        batch = request.mm_inputs if primary and i == 0 else request.extra_mm_inputs.add()
+        batch.mm_hashes.extend(hashes)
+        batch.modality = (common.IMAGE, common.VIDEO)[i % 2]
+        if placed:
+            batch.mm_placeholders.add(offset=4, length=16)
+    count = ("one batch", "two batches", "three batches")[len(batches) - 1]
+    event(count + (", the first primary" if primary else ", extras only"))
+    prompt = block_prompt(request)
+    assert prompt is not None
+    ours = BlockHasher(BLOCK, seed=os.environ.get("PYTHONHASHSEED")).hashes(
+        prompt.token_ids, prompt.items, cache_salt=prompt.cache_salt
+    )
+    assert [external_hash(h) for h in ours] == engine_chain(request)
 
 
 def test_what_the_router_cannot_name_as_the_engine_will_is_not_looked_up() -> None:
