@@ -169,7 +169,8 @@ def test_a_replay_from_past_the_lost_batch_counts_nothing_and_a_resync_reads_on(
     # The worker's buffer no longer holds the lost batch: its replay answers from a later
     # number. Those batches cannot be applied (what the lost one did is unknown), so the
     # worker counts nothing until the router gives up on them and reads on.
-    batches = [*batches, *[[BlockStored([b])] for b in range(4 - len(batches))]]
+    padding: list[Batch] = [[BlockStored([b])] for b in range(4 - len(batches))]
+    batches = [*batches, *padding]
     lost = data.draw(st.integers(1, len(batches) - 3), label="lost")
     index = PrefixIndex()
     for seq in range(lost):
@@ -192,7 +193,8 @@ def test_while_a_replay_is_awaited_a_batch_already_applied_is_one_it_had(
 ) -> None:
     # Not a new publisher: the worker is waiting for the batches it lost, and a number
     # below them is one the index applied (a replay that starts early), ignored.
-    batches = [*batches, *[[BlockStored([b])] for b in range(3 - len(batches))]]
+    padding: list[Batch] = [[BlockStored([b])] for b in range(3 - len(batches))]
+    batches = [*batches, *padding]
     lost = data.draw(st.integers(1, len(batches) - 2), label="lost")
     index = PrefixIndex()
     for seq in range(lost):
