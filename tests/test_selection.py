@@ -60,9 +60,10 @@ def test_selection_returns_exactly_the_servable_workers_in_order(
 class CountingWorker:
     """A capability stand-in that counts how often the selection reads it."""
 
-    def __init__(self, language_model_only: bool, takes_mm_metadata: bool) -> None:
+    def __init__(self, language_model_only: bool, takes_mm_metadata: bool, blind: bool) -> None:
         self._lm_only = language_model_only
         self._metadata = takes_mm_metadata
+        self._blind = blind
         self.reads = 0
 
     @property
@@ -75,10 +76,18 @@ class CountingWorker:
         self.reads += 1
         return self._metadata
 
+    @property
+    def blind_to_stripped_media(self) -> bool:
+        self.reads += 1
+        return self._blind
 
-@given(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=50), requests())
+
+@given(
+    st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=1, max_size=50),
+    requests(),
+)
 def test_selection_is_linear_with_a_decision_per_kind(
-    flags: list[tuple[bool, bool]], request: Request
+    flags: list[tuple[bool, bool, bool]], request: Request
 ) -> None:
     stand_ins = [CountingWorker(*f) for f in flags]
     candidates = [DecodeCandidate(w, i) for i, w in enumerate(stand_ins)]  # type: ignore[arg-type]
@@ -88,10 +97,11 @@ def test_selection_is_linear_with_a_decision_per_kind(
         contextlib.suppress(PolicyError),
     ):
         select_decode_workers(request, candidates)
-    # One decision per kind of worker: vision, language-model-only with and without metadata.
+    # One decision per kind of worker: vision, language-model-only with and without
+    # metadata, blind to a stripped leg or not.
     assert decide.call_count <= len(set(flags))
     # Each worker is read once: its kind.
-    assert all(w.reads == 2 for w in stand_ins)
+    assert all(w.reads == 3 for w in stand_ins)
 
 
 def test_a_capable_worker_is_preferred_over_a_refusal() -> None:

@@ -30,14 +30,12 @@ from .client_errors import (
 )
 from .codec import request_from_json, request_to_json, worker_from_json, worker_to_json
 from .connectors import (
-    CONNECTOR_MODES,
     DEFAULT_BOOTSTRAP_PORT,
     NIXL_PREFILL_PARAMS,
     KvConnectorMode,
     KvHandoff,
     PrefillKv,
     apply_kv_handoff,
-    connector_mode,
     mint_transfer_id,
     plan_kv_handoff,
 )
@@ -114,6 +112,7 @@ from .worker import (
     VisionSupport,
     WorkerCapability,
 )
+from .wires import CONNECTOR_MODES, connector_mode
 from .worker_errors import WorkerFailedToStart, WorkerStreamError, grpc_status_to_http
 
 # The sub-packages' names. Where the seed's policy is vendored alone (docs/vendoring.md),

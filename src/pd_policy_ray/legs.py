@@ -69,7 +69,7 @@ DECODE = "decode"
 
 def prefill_kv(kv_transfer_config: Mapping[str, Any] | None) -> PrefillKv:
     """How the prefill deployment hands KV over, from its ``kv_transfer_config`` (the
-    connector's contract, [`connector_mode`][pd_policy.connectors.connector_mode]).
+    connector's contract, [`connector_mode`][pd_policy.wires.connector_mode]).
 
     Raises [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a missing
     config or a connector whose contract the core does not know."""

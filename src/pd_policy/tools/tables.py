@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Final
 
 from pd_policy.catalog import ERROR_CATALOG
-from pd_policy.connectors import CONNECTOR_MODES, NIXL_PREFILL_PARAMS, KvConnectorMode
+from pd_policy.connectors import NIXL_PREFILL_PARAMS, KvConnectorMode
 from pd_policy.decision import DecodeForm, sequential_pd_decode_form
 from pd_policy.encoder_cache import encoder_outputs
 from pd_policy.epd import PrefillForm, encoder_consumer_leg, needs_encode_leg
@@ -25,6 +25,7 @@ from pd_policy.mrope import has_mrope_grids
 from pd_policy.request import Request
 from pd_policy.router_fields import ROUTER_FIELDS
 from pd_policy.tensor import PayloadLocation
+from pd_policy.wires import CONNECTOR_MODES
 from pd_policy.worker import Support, WorkerCapability
 
 from .scenarios import image_request, media_ref_request, mrope_request, text_request

@@ -136,7 +136,7 @@ def prefill_kv_from_config(
     """How a prefill worker hands KV over, from its configuration and its URL.
 
     The contract is its connector's
-    ([`pd_policy.connector_mode`][pd_policy.connectors.connector_mode]; ``mode``
+    ([`pd_policy.connector_mode`][pd_policy.wires.connector_mode]; ``mode``
     overrides it, for a connector this library does not know), the Mooncake
     engine id its ``engine_id``, the bootstrap host its URL's host, and the
     data-parallel size its ``parallel_config``. Raises
