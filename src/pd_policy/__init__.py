@@ -103,6 +103,7 @@ from .salt import (
 )
 from .selection import DecodeCandidate, ensure_model_accepts_media, select_decode_workers
 from .tensor import PayloadLocation, TensorDescriptor
+from .wires import CONNECTOR_MODES, connector_mode
 from .worker import (
     MM_MEDIA_REF_SCHEMES_LABEL,
     MM_METADATA_LABEL,
@@ -112,7 +113,6 @@ from .worker import (
     VisionSupport,
     WorkerCapability,
 )
-from .wires import CONNECTOR_MODES, connector_mode
 from .worker_errors import WorkerFailedToStart, WorkerStreamError, grpc_status_to_http
 
 # The sub-packages' names. Where the seed's policy is vendored alone (docs/vendoring.md),

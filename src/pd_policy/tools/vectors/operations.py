@@ -35,6 +35,7 @@ from .media_operations import MEDIA_OPERATIONS
 from .reading import error as _error
 from .reading import field as _field
 from .reading import opt_field as _opt_field
+from .wire_operations import WIRE_OPERATIONS
 
 
 def _prefill_mode(spec: Mapping[str, Any]) -> KvConnectorMode:
@@ -212,6 +213,7 @@ OPERATIONS: Final[dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]]] = {
     **CLIENT_OPERATIONS,
     **FLEET_OPERATIONS,
     **EXCHANGE_OPERATIONS,
+    **WIRE_OPERATIONS,
 }
 
 
