@@ -20,9 +20,9 @@ from .wire import pb
 
 __all__ = [
     "accepts_mm_metadata_from_info",
-    "decode_kv_from_info",
     "capability_from_info",
     "capability_from_labels",
+    "decode_kv_from_info",
     "worker_labels",
 ]
 
