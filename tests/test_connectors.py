@@ -209,8 +209,10 @@ def _multi(*names: str) -> dict[str, object]:
 
 TIERS = {"secondary_tiers": [{"type": "fs"}, {"type": "p2p"}]}
 P2P = {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": TIERS}
-MULTI_P2P = {"kv_connector": "MultiConnector",
-             "kv_connector_extra_config": {"connectors": [{"kv_connector": "NixlConnector"}, P2P]}}  # fmt: skip
+MULTI_P2P = {
+    "kv_connector": "MultiConnector",
+    "kv_connector_extra_config": {"connectors": [{"kv_connector": "NixlConnector"}, P2P]},
+}
 
 
 @pytest.mark.parametrize(
