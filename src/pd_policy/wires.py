@@ -225,7 +225,7 @@ def _own_mode(config: Mapping[str, Any], *, nested: bool = False) -> KvConnector
 
 
 def _multi_mode(config: Mapping[str, Any]) -> KvConnectorMode:
-    modes = {_own_mode(child, nested=True) for child in _children(config)} - {None}
+    modes = {m for c in _children(config) if (m := _own_mode(c, nested=True)) is not None}
     handoffs = modes - {KvConnectorMode.PASSTHROUGH}
     if len(handoffs) > 1:
         raise _refusal(MULTI_CONNECTOR, "it holds two handoffs, and a decode takes one")

@@ -46,7 +46,7 @@ from pd_policy_vllm.openai.plan.steps import (
     plan_request,
 )
 
-P2P = {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {
+P2P: dict[str, Any] = {"kv_connector_extra_config": {
     "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 2**30,
     "secondary_tiers": [{"type": "p2p", "host": "127.0.0.1", "port": 5701}]}}  # fmt: skip
 RECOMPUTE = {"kv_load_failure_policy": "recompute"}
@@ -61,7 +61,7 @@ Test = Callable[[str, Stand, list[Stand]], Awaitable[None]]
 def _blind(kind: str) -> Stand:
     """A language-model-only decode whose ``/server_info`` says it could answer blind."""
     if kind == "p2p":
-        return Stand("blind", connector=P2P["kv_connector"], kv=dict(P2P))
+        return Stand("blind", connector="OffloadingConnector", kv=dict(P2P))
     return Stand("blind", kv=dict(RECOMPUTE))
 
 
