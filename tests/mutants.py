@@ -1252,6 +1252,13 @@ MUTANTS: Final = (
         'read = decode_kv_from_config({"kv_connector": "NixlConnector"})',
         ("tests/grpc/test_grpc_capability.py",),
     ),
+    Mutant(
+        "the gRPC leg builder forgets a blind decode",
+        "pd_policy_grpc/legs.py",
+        "        blind_to_stripped_media=decode_worker.blind_to_stripped_media,\n",
+        "",
+        ("tests/grpc/test_grpc_legs.py",),
+    ),
 )
 
 
