@@ -100,6 +100,7 @@ docs-tables: $(VENV)/.core
 	$(VENV)/bin/pd-policy tables connectors --write docs/grpc.md
 	$(VENV)/bin/pd-policy tables exchange --write docs/architecture.md
 	$(VENV)/bin/pd-policy tables router-fields --write docs/security.md
+	$(VENV)/bin/pd-policy tables wires --write docs/wires.md
 	$(PY) -m pd_policy_vllm.openai.tools.tables --write docs/http.md
 	$(PY) -m pd_policy_vllm.openai.tools.identity_table --write docs/index.md
 

@@ -47,6 +47,9 @@ _PARTS: Final = ("tests/http/test_http_content_parts.py",)
 _LAYOUT: Final = ("tests/test_import_graph.py", "tests/test_vendoring.py")
 #: The choice of a worker, and through a roster and a placement.
 _CHOICE: Final = ("tests/test_balance.py", "tests/test_roster.py", "tests/test_placement.py")
+#: The KV wires: the core's table and selection, and the proxy over described stand-ins.
+_WIRES_CORE: Final = ("tests/test_connectors.py", "tests/test_selection.py")
+_WIRES_HTTP: Final = ("tests/http/test_http_wires.py",)
 MUTANTS: Final = (
     Mutant(
         "the seed's policy imports a sub-package",
@@ -248,7 +251,7 @@ MUTANTS: Final = (
     Mutant(
         "a NIXL handoff without its block ids is taken",
         "pd_policy/handoff_fields.py",
-        '            "remote_block_ids",\n',
+        '    "remote_block_ids",\n',
         "",
         ("tests/test_handoff_fields.py",),
     ),
@@ -1349,6 +1352,104 @@ MUTANTS: Final = (
         "    return [line.strip() for line in text.splitlines()"
         ' if line.strip() and line[0] != "#"]',
         ("tests/http/test_http_keys_files.py",),
+    ),
+    Mutant(
+        "a refused connector is served as passthrough",
+        "pd_policy/wires.py",
+        "    if wire.mode is None:\n        raise _refusal(kv_connector, wire.why)\n",
+        "    if wire.mode is None:\n        return KvConnectorMode.PASSTHROUGH\n",
+        _WIRES_CORE,
+    ),
+    Mutant(
+        "the OffloadingConnector's P2P tier is served as passthrough",
+        "pd_policy/wires.py",
+        "if wire.mode is KvConnectorMode.PASSTHROUGH and _p2p_tier(config):",
+        "if False:",
+        _WIRES_CORE,
+    ),
+    Mutant(
+        "a MultiConnector takes a hazard beside its handoff",
+        "pd_policy/wires.py",
+        "if wire.mode is None and not (nested and wire.beside_a_handoff):",
+        "if wire.mode is None and not nested:",
+        _WIRES_CORE,
+    ),
+    Mutant(
+        "push legs may go to two routes (the route check off)",
+        "pd_policy/wires.py",
+        "if mode.legs_share_route and prefill_route != decode_route:",
+        "if False:",
+        (*_WIRES_CORE, *_WIRES_HTTP),
+    ),
+    Mutant(
+        "the plan forgets the Responses API decodes on its own route",
+        "pd_policy_vllm/openai/plan/steps.py",
+        "to = GENERATE if metadata else served_as or route.value",
+        "to = GENERATE if metadata else route.value",
+        _WIRES_HTTP,
+    ),
+    Mutant(
+        "the plan forgets E/P/D prefills on generate",
+        "pd_policy_vllm/openai/plan/steps.py",
+        "GENERATE if epd or metadata else route.value, to)",
+        "GENERATE if metadata else route.value, to)",
+        _WIRES_HTTP,
+    ),
+    Mutant(
+        "a hash-matched decode gets a stripped image leg (the P2P check off)",
+        "pd_policy/decode_kv.py",
+        "self.loads in (KvLoad.BY_CONTENT, KvLoad.NONE)",
+        "self.loads is KvLoad.NONE",
+        (*_WIRES_CORE, *_WIRES_HTTP),
+    ),
+    Mutant(
+        "a recomputing decode gets a stripped image leg (the recompute check off)",
+        "pd_policy/decode_kv.py",
+        "or self.on_failure is LoadFailure.RECOMPUTE",
+        "or False",
+        (*_WIRES_CORE, *_WIRES_HTTP),
+    ),
+    Mutant(
+        "a blind decode gets a stripped image leg (the decision's check off)",
+        "pd_policy/decision.py",
+        "    if blind_to_stripped_media and has_mm_inputs:\n",
+        "    if False:\n",
+        (*_WIRES_CORE, *_WIRES_HTTP),
+    ),
+    Mutant(
+        "a blind decode gets a metadata leg",
+        "pd_policy/decision.py",
+        "        if blind_to_stripped_media:\n            raise MediaOnBlindDecode()\n",
+        "",
+        _WIRES_CORE,
+    ),
+    Mutant(
+        "selection reuses a sighted decode's decision for a blind one",
+        "pd_policy/selection.py",
+        "request, language_model_only=kind[0], metadata=kind[1], blind=kind[2]",
+        "request, language_model_only=kind[0], metadata=kind[1], blind=False",
+        _WIRES_CORE,
+    ),
+    Mutant(
+        "the proxy does not read a decode's connector from its /server_info",
+        "pd_policy_vllm/openai/workers.py",
+        'decode_kv=decode_kv_from_config(_section(config, "kv_transfer_config")),',
+        'decode_kv=decode_kv_from_config({"kv_connector": "NixlConnector"}),',
+        _WIRES_HTTP,
+    ),
+    Mutant(
+        "the gRPC router does not read a decode's connector",
+        "pd_policy_grpc/capability.py",
+        'read = decode_kv_from_config({"kv_connector": server_info.kv_connector})',
+        'read = decode_kv_from_config({"kv_connector": "NixlConnector"})',
+        ("tests/grpc/test_grpc_capability.py",),
+    ),
+    Mutant(
+        "the gRPC leg builder forgets a blind decode",
+        "pd_policy_grpc/legs.py",
+        "        blind_to_stripped_media=decode_worker.blind_to_stripped_media,\n",
+        "",
+        ("tests/grpc/test_grpc_legs.py",),
     ),
 )
 

@@ -40,6 +40,7 @@ from pd_policy import (
     WorkerCapability,
     sequential_pd_decode_form,
 )
+from pd_policy.decode_kv import DecodeKv, KvLoad, LoadFailure
 from pd_policy.tools.outcome import PrefillResult
 
 #: The largest value of a uint32 wire field (token ids, n, offsets): the core's bound.
@@ -268,6 +269,21 @@ support = st.sampled_from(list(VisionSupport))
 vision_support = st.sampled_from(
     [VisionSupport.FALSE, VisionSupport.FALSE, VisionSupport.TRUE, VisionSupport.UNKNOWN]
 )
+#: How a decode takes KV: a third of them blind to a stripped leg (a connector that
+#: matches by content hash or loads nothing, or a recompute on a failed load).
+decode_kvs = st.sampled_from(
+    [
+        DecodeKv(),
+        DecodeKv(),
+        DecodeKv(KvLoad.BY_REQUEST, LoadFailure.FAIL),
+        DecodeKv(KvLoad.BY_REQUEST, LoadFailure.UNKNOWN),
+        DecodeKv(KvLoad.BY_CONTENT),
+        DecodeKv(KvLoad.NONE, LoadFailure.FAIL),
+        DecodeKv(KvLoad.BY_REQUEST, LoadFailure.RECOMPUTE),
+        DecodeKv(KvLoad.UNKNOWN, LoadFailure.FAIL),
+        DecodeKv(KvLoad.UNKNOWN, LoadFailure.FAIL),
+    ]
+)
 workers = st.builds(
     WorkerCapability,
     vision_support,
@@ -275,6 +291,7 @@ workers = st.builds(
     st.lists(st.sampled_from(["http", "https", "data", "s3"]), unique=True, max_size=3),
     support,
     st.sampled_from(list(EncoderCacheRole)),
+    decode_kvs,
 )
 #: Language-model-only workers, a third of them taking M-RoPE metadata.
 lm_only_workers = st.builds(

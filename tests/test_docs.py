@@ -17,6 +17,7 @@ DOCS = {
     "errors": ROOT / "docs" / "errors.md",
     "exchange": ROOT / "docs" / "architecture.md",
     "router-fields": ROOT / "docs" / "security.md",
+    "wires": ROOT / "docs" / "wires.md",
 }
 
 

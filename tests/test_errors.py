@@ -30,6 +30,9 @@ CONTRACT = {
     "pd_media_refused": 400,
     "pd_media_fetch_failed": 422,
     "pd_decode_missing_media_identity": 400,
+    # The wire's refusals: the fleet's facts meet the request's shape, before any leg.
+    "pd_decode_blind_to_media": 400,
+    "pd_handoff_routes_differ": 400,
 }
 
 

@@ -223,6 +223,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "supports_vision": False,
         "accepts_mm_metadata": True,
         "ec_role": "consumer",
+        "kv_load": "content",
+        "kv_load_failure_policy": "recompute",
         "mm_processor": "inprocess",
         "mm_media_ref_schemes": ["https"],
     },
@@ -319,7 +321,7 @@ def null_means_absent() -> set[str]:
 
 def test_null_is_absent_exactly_for_the_fields_the_rules_list() -> None:
     listed = null_means_absent()
-    assert len(listed) == 11
+    assert len(listed) == 13
     for heading, samples in SAMPLES.items():
         required = REQUIRED[heading]
         for field in samples:

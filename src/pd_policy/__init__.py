@@ -30,14 +30,12 @@ from .client_errors import (
 )
 from .codec import request_from_json, request_to_json, worker_from_json, worker_to_json
 from .connectors import (
-    CONNECTOR_MODES,
     DEFAULT_BOOTSTRAP_PORT,
     NIXL_PREFILL_PARAMS,
     KvConnectorMode,
     KvHandoff,
     PrefillKv,
     apply_kv_handoff,
-    connector_mode,
     mint_transfer_id,
     plan_kv_handoff,
 )
@@ -105,6 +103,7 @@ from .salt import (
 )
 from .selection import DecodeCandidate, ensure_model_accepts_media, select_decode_workers
 from .tensor import PayloadLocation, TensorDescriptor
+from .wires import CONNECTOR_MODES, connector_mode
 from .worker import (
     MM_MEDIA_REF_SCHEMES_LABEL,
     MM_METADATA_LABEL,

@@ -35,6 +35,7 @@ from .errors import (
     Unauthorized,
 )
 from .media_errors import MediaFetchFailed, MediaRefused, MediaUnreachable, MissingMediaIdentity
+from .wire_errors import LegRoutesDiffer, MediaOnBlindDecode
 from .worker_errors import WorkerFailedToStart, WorkerStreamError
 
 __all__ = ["ERROR_CATALOG", "CatalogEntry"]
@@ -56,6 +57,8 @@ _POLICY_ERRORS: Final = (
     MropeOnLanguageModelOnlyDecode,
     MediaRefsOnLanguageModelOnlyDecode,
     NSamplesOnLanguageModelOnlyDecode,
+    MediaOnBlindDecode,
+    LegRoutesDiffer,
     MissingKvTransferParams,
     MissingEncoderOutput,
     MissingMediaIdentity,

@@ -6,8 +6,9 @@ unknown key, a missing required key or a value of the wrong type raises
 its path (``batches[0].tensors.image_grid_thw.shape``). ``null`` is the absent value of
 an optional field whose default is absent (``input_ids``, ``text``, the KV parameters,
 ``cache_salt``, ``pixel_values``, ``im_token_id``, ``encoder_input_key``, and a
-worker's two support values and ``ec_role``); for any other field it is the wrong type. Text is read
-with [`loads_strict`][pd_policy.jsontext.loads_strict] (a key twice is refused). Encoding
+worker's two support values, ``ec_role``, ``kv_load`` and ``kv_load_failure_policy``);
+for any other field it is the wrong type. Text is read with
+[`loads_strict`][pd_policy.jsontext.loads_strict] (a key twice is refused). Encoding
 is the exact inverse: ``request_from_json(request_to_json(r)) == r``.
 """
 
@@ -17,6 +18,7 @@ import json
 from typing import Any, TypeVar
 
 from .batch import Modality, MultimodalBatch, PlaceholderRange
+from .decode_kv import DecodeKv, KvLoad, LoadFailure
 from .encoder_cache import EncoderCacheRole
 from .jsonread import _build, _enum, _expect, _fail, _int, _join, _list, _obj, _opt, _str
 from .request import LegacyKvParams, MediaRef, Request
@@ -226,10 +228,26 @@ _WORKER_KEYS: tuple[frozenset[str], frozenset[str]] = (
             "mm_media_ref_schemes",
             "accepts_mm_metadata",
             "ec_role",
+            "kv_load",
+            "kv_load_failure_policy",
         }
     ),
 )
 _ROLES = {r.value: r for r in EncoderCacheRole if r is not EncoderCacheRole.UNKNOWN}
+_LOADS = {k.value: k for k in KvLoad if k is not KvLoad.UNKNOWN}
+_FAILURES = {f.value: f for f in LoadFailure if f is not LoadFailure.UNKNOWN}
+
+
+def _loads(value: object, path: str) -> KvLoad:
+    if _expect(value, str, path) not in _LOADS:
+        raise _fail(path, "expected request, content or none")
+    return _LOADS[value]
+
+
+def _failure(value: object, path: str) -> LoadFailure:
+    if _expect(value, str, path) not in _FAILURES:
+        raise _fail(path, "expected fail or recompute")
+    return _FAILURES[value]
 
 
 def _role(value: object, path: str) -> EncoderCacheRole:
@@ -241,17 +259,26 @@ def _role(value: object, path: str) -> EncoderCacheRole:
 def worker_from_json(value: object) -> WorkerCapability:
     """Decode a worker capability: ``supports_vision`` and ``accepts_mm_metadata`` are
     ``true``, ``false`` or ``null`` (absent: ``null``); ``ec_role`` is ``producer``,
-    ``consumer``, ``none`` or ``null`` (absent: unknown)."""
+    ``consumer``, ``none`` or ``null`` (absent: unknown); ``kv_load`` is ``request``,
+    ``content``, ``none`` or ``null`` and ``kv_load_failure_policy`` ``fail``,
+    ``recompute`` or ``null`` ([`DecodeKv`][pd_policy.decode_kv.DecodeKv])."""
     obj = _obj(value, "", *_WORKER_KEYS)
     vision = _opt(obj, "supports_vision", "", lambda v, p: _expect(v, bool, p))
     metadata = _opt(obj, "accepts_mm_metadata", "", lambda v, p: _expect(v, bool, p))
     processor = _str(obj.get("mm_processor", ""), "mm_processor")
     schemes = _list(obj.get("mm_media_ref_schemes", []), "mm_media_ref_schemes", _str)
     role = _opt(obj, "ec_role", "", _role) or EncoderCacheRole.UNKNOWN
+    loads = _opt(obj, "kv_load", "", _loads) or KvLoad.UNKNOWN
+    failure = _opt(obj, "kv_load_failure_policy", "", _failure) or LoadFailure.UNKNOWN
     return _build(
         "",
         lambda: WorkerCapability(
-            Support.from_bool(vision), processor, tuple(schemes), Support.from_bool(metadata), role
+            Support.from_bool(vision),
+            processor,
+            tuple(schemes),
+            Support.from_bool(metadata),
+            role,
+            DecodeKv(loads, failure),
         ),
     )
 
@@ -268,4 +295,8 @@ def worker_to_json(worker: WorkerCapability) -> dict[str, Any]:
         out["accepts_mm_metadata"] = worker.accepts_mm_metadata.to_bool()
     if worker.encoder_cache is not EncoderCacheRole.UNKNOWN:
         out["ec_role"] = worker.encoder_cache.value
+    if worker.decode_kv.loads is not KvLoad.UNKNOWN:
+        out["kv_load"] = worker.decode_kv.loads.value
+    if worker.decode_kv.on_failure is not LoadFailure.UNKNOWN:
+        out["kv_load_failure_policy"] = worker.decode_kv.on_failure.value
     return out

@@ -6,6 +6,9 @@ one of four handoff contracts, read off the *prefill* worker:
 
 * ``NIXL``: the prefill leg is tagged ``{"do_remote_decode": true, ...}`` and
   the parameters its engine returns are relayed to the decode leg.
+* ``NIXL_PUSH``: the same wire, but the prefill pushes to the decode it matches by
+  request id, and the id carries the route's prefix: both legs must go to one route
+  ([`legs_share_route`][pd_policy.connectors.KvConnectorMode.legs_share_route]).
 * ``TRANSFER``: pd-policy's own CPU ``TransferConnector``, tagged and relayed
   as NIXL is; it names its KV by a transfer id, not by NIXL's engine and blocks.
 * ``MOONCAKE``: the router mints a transfer id and tells both legs up front.
@@ -17,6 +20,8 @@ one of four handoff contracts, read off the *prefill* worker:
 The handoff has a single consumer, so a request with n>1 gets no prefill leg
 at all: its decode leg runs alone and recomputes the prompt.
 
+Which connector follows which contract, and which are refused, is
+[`pd_policy.wires`][pd_policy.wires].
 [`plan_kv_handoff`][pd_policy.connectors.plan_kv_handoff] turns these rules into data,
 [`KvHandoff`][pd_policy.connectors.KvHandoff], so
 every adapter applies the same plan.
@@ -29,8 +34,6 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Final
 
 import attrs
@@ -41,14 +44,12 @@ from .fields import instance_of, redacted_repr
 from .request import LegacyKvParams, Request
 
 __all__ = [
-    "CONNECTOR_MODES",
     "DEFAULT_BOOTSTRAP_PORT",
     "NIXL_PREFILL_PARAMS",
     "KvConnectorMode",
     "KvHandoff",
     "PrefillKv",
     "apply_kv_handoff",
-    "connector_mode",
     "mint_transfer_id",
     "plan_kv_handoff",
 ]
@@ -58,58 +59,25 @@ class KvConnectorMode(enum.Enum):
     """The handoff contract a prefill worker's KV connector follows."""
 
     NIXL = "nixl"
+    NIXL_PUSH = "nixl_push"
     TRANSFER = "transfer"
     MOONCAKE = "mooncake"
     PASSTHROUGH = "passthrough"
 
+    @property
+    def legs_share_route(self) -> bool:
+        """Whether the decode is paired with the prefill by request id *and* route: the
+        route's prefix is part of vLLM's request id (``chatcmpl-``, ``cmpl-``,
+        ``generate-tokens-``), so both legs must go to one route, under one
+        ``X-Request-Id`` ([`check_leg_routes`][pd_policy.wires.check_leg_routes])."""
+        return self is KvConnectorMode.NIXL_PUSH
 
-#: vLLM connector class names (``kv_transfer_config.kv_connector``) and their contract.
-#: ``""`` is a worker with no connector: nothing to tag, nothing comes back.
-CONNECTOR_MODES: Final[Mapping[str, KvConnectorMode]] = MappingProxyType(
-    {
-        "NixlConnector": KvConnectorMode.NIXL,
-        "NixlPullConnector": KvConnectorMode.NIXL,
-        # pd-policy's own CPU connector is tagged and relayed as NIXL is, but its
-        # handoff names a transfer id, not NIXL's engine and blocks.
-        "TransferConnector": KvConnectorMode.TRANSFER,
-        "MooncakeConnector": KvConnectorMode.MOONCAKE,
-        # Store and offload connectors return no parameters: they load by content.
-        "ExampleConnector": KvConnectorMode.PASSTHROUGH,
-        "SharedStorageConnector": KvConnectorMode.PASSTHROUGH,
-        "LMCacheConnectorV1": KvConnectorMode.PASSTHROUGH,
-        "LMCacheMPConnector": KvConnectorMode.PASSTHROUGH,
-        "MooncakeStoreConnector": KvConnectorMode.PASSTHROUGH,
-        "OffloadingConnector": KvConnectorMode.PASSTHROUGH,
-        "SimpleCPUOffloadConnector": KvConnectorMode.PASSTHROUGH,
-        "": KvConnectorMode.PASSTHROUGH,
-    }
-)
 
 #: The bootstrap port of a Mooncake prefill worker when its operator names none.
 DEFAULT_BOOTSTRAP_PORT: Final = 8998
 
 #: What a NIXL prefill leg is tagged with: keep the KV for a remote decode.
 NIXL_PREFILL_PARAMS: Final = '{"do_remote_decode":true,"do_remote_prefill":false}'
-
-
-def connector_mode(kv_connector: str) -> KvConnectorMode:
-    """The handoff contract of the connector class named ``kv_connector``.
-
-    The name is matched exactly, as vLLM registers it. Raises
-    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a name not in
-    [`CONNECTOR_MODES`][pd_policy.connectors.CONNECTOR_MODES]: guessing would either tag a prefill
-    its connector
-    ignores or leave untagged one that needs it, and then every image request
-    fails its handoff. Name the mode explicitly for such a connector.
-    """
-    mode = CONNECTOR_MODES.get(kv_connector)
-    if mode is None:
-        raise InvalidConfiguration(
-            f"unknown KV connector {kv_connector[:64]!r}: pass its handoff mode (nixl, "
-            "transfer, mooncake or passthrough) explicitly",
-            param="kv_connector",
-        )
-    return mode
 
 
 def _check_port(_inst: object, _attr: attrs.Attribute[int], value: int) -> None:
@@ -242,7 +210,7 @@ def plan_kv_handoff(kv: PrefillKv, *, n: int, transfer_id: str | None = None) ->
     if n > 1:
         # One consumer per handoff: decode recomputes the prompt alone.
         return KvHandoff(runs_prefill=False, decode_legacy=legacy, mode=mode)
-    if mode in (KvConnectorMode.NIXL, KvConnectorMode.TRANSFER):
+    if mode in (KvConnectorMode.NIXL, KvConnectorMode.NIXL_PUSH, KvConnectorMode.TRANSFER):
         return KvHandoff(
             runs_prefill=True, prefill_params=NIXL_PREFILL_PARAMS, relays=True, mode=mode
         )

@@ -12,6 +12,7 @@ from .errors import (
 from .media_errors import MissingMediaIdentity
 from .mrope import has_mrope_grids, mrope_metadata_gap
 from .request import Request
+from .wire_errors import MediaOnBlindDecode
 from .worker import WorkerCapability
 
 __all__ = ["DecodeForm", "decide_decode_form", "sequential_pd_decode_form", "unidentified_media"]
@@ -41,6 +42,7 @@ def decide_decode_form(
     takes_mm_metadata: bool = False,
     metadata_gap: MropeOnLanguageModelOnlyDecode | None = None,
     unidentified: str | None = None,
+    blind_to_stripped_media: bool = False,
 ) -> DecodeForm:
     """The decision of [`sequential_pd_decode_form`][pd_policy.decision.sequential_pd_decode_form],
     over the facts it reads.
@@ -54,7 +56,10 @@ def decide_decode_form(
     missing for such a worker (``None``: nothing). ``unidentified``: where the first
     batch that carries media without content hashes is (its ``mm_hashes`` field, as the
     adapter names it), or ``None``
-    ([`unidentified_media`][pd_policy.decision.unidentified_media]). Raises the same
+    ([`unidentified_media`][pd_policy.decision.unidentified_media]).
+    ``blind_to_stripped_media``: the worker could answer a stripped multimodal leg
+    image-blind ([`blind_to_stripped_media`][
+    pd_policy.worker.WorkerCapability.blind_to_stripped_media]). Raises the same
     carve-out errors, in the same order.
     """
     relay_kv = n <= 1
@@ -74,6 +79,8 @@ def decide_decode_form(
             raise NSamplesOnLanguageModelOnlyDecode()
         if metadata_gap is not None:
             raise metadata_gap
+        if blind_to_stripped_media:
+            raise MediaOnBlindDecode()
         return DecodeForm.MROPE_METADATA
     if has_media_refs:
         raise MediaRefsOnLanguageModelOnlyDecode()
@@ -81,6 +88,9 @@ def decide_decode_form(
         raise NSamplesOnLanguageModelOnlyDecode()
     if unidentified is not None:
         raise MissingMediaIdentity(param=unidentified)
+    if blind_to_stripped_media and has_mm_inputs:
+        # The leg carries no pixels; only the prefill's KV keeps the answer sighted.
+        raise MediaOnBlindDecode()
     return DecodeForm.TEXT_PLUS_HASHES
 
 
@@ -123,7 +133,11 @@ def sequential_pd_decode_form(request: Request, decode_worker: WorkerCapability)
     ``TEXT_PLUS_HASHES``) for a batch that carries media without content hashes is
     refused with [`MissingMediaIdentity`][pd_policy.media_errors.MissingMediaIdentity]
     (see [`unidentified_media`][pd_policy.decision.unidentified_media]), after the
-    carve-outs. All of them are non-retryable 400s.
+    carve-outs; and a stripped leg with media (``TEXT_PLUS_HASHES`` with multimodal
+    batches, ``MROPE_METADATA``) for a worker that could answer it image-blind
+    ([`blind_to_stripped_media`][pd_policy.worker.WorkerCapability.blind_to_stripped_media])
+    is refused with [`MediaOnBlindDecode`][pd_policy.wire_errors.MediaOnBlindDecode], last.
+    All of them are non-retryable 400s.
     """
     grids = has_mrope_grids(request)
     metadata = decode_worker.takes_mm_metadata
@@ -136,4 +150,5 @@ def sequential_pd_decode_form(request: Request, decode_worker: WorkerCapability)
         takes_mm_metadata=metadata,
         metadata_gap=mrope_metadata_gap(request) if metadata and grids else None,
         unidentified=unidentified_media(request),
+        blind_to_stripped_media=decode_worker.blind_to_stripped_media,
     )

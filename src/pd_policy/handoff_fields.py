@@ -10,6 +10,7 @@ handoff. The fields each contract needs:
   ``do_remote_prefill`` (true), ``remote_engine_id``, ``remote_block_ids``,
   ``remote_host`` and ``remote_port``. Newer keys (``remote_request_id``,
   ``tp_size``) are not required: older vLLM returns without them.
+* ``NIXL_PUSH``: the same fields as ``NIXL`` (vLLM's push connector returns them too).
 * ``TRANSFER`` (pd-policy's ``TransferConnector``): ``do_remote_prefill`` (true)
   and the ``transfer_id`` it stored the KV under.
 * ``MOONCAKE``: the minted transfer, ``do_remote_prefill`` (true),
@@ -35,16 +36,20 @@ from .jsontext import loads_strict
 
 __all__ = ["KV_FLAG_FIELDS", "REQUIRED_KV_FIELDS", "missing_kv_fields"]
 
+_NIXL: Final = (
+    "do_remote_prefill",
+    "remote_engine_id",
+    "remote_block_ids",
+    "remote_host",
+    "remote_port",
+)
+
 #: The fields a handoff's JSON parameters must carry, by contract (passthrough: any one).
 REQUIRED_KV_FIELDS: Final[Mapping[KvConnectorMode, tuple[str, ...]]] = MappingProxyType(
     {
-        KvConnectorMode.NIXL: (
-            "do_remote_prefill",
-            "remote_engine_id",
-            "remote_block_ids",
-            "remote_host",
-            "remote_port",
-        ),
+        KvConnectorMode.NIXL: _NIXL,
+        # Push returns what pull does; the decode is matched by request id and route.
+        KvConnectorMode.NIXL_PUSH: _NIXL,
         KvConnectorMode.TRANSFER: ("do_remote_prefill", "transfer_id"),
         KvConnectorMode.MOONCAKE: (
             "do_remote_prefill",

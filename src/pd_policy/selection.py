@@ -44,9 +44,11 @@ def select_decode_workers(
     A candidate can serve it exactly when
     [`pd_policy.sequential_pd_decode_form`][pd_policy.decision.sequential_pd_decode_form]
     would not raise for it. The decision depends on the worker only through
-    whether it is language-model-only and whether it takes multimodal metadata,
-    so it is made at most once for each kind of worker; each candidate costs one
-    read of its capability.
+    whether it is language-model-only, whether it takes multimodal metadata and
+    whether it could answer a stripped multimodal leg image-blind, so it is made at
+    most once for each kind of worker; each candidate costs one read of its capability.
+    A request with media thus skips a decode whose KV connector matches by content
+    hash, loads nothing, or recomputes a failed load, while another fits.
 
     Raises, when no candidate can serve the request, the carve-out error that
     explains why (for the first candidate in the caller's order), before any
@@ -55,14 +57,20 @@ def select_decode_workers(
     """
     if not candidates:
         raise NoDecodeWorkerAvailable()
-    refusals: dict[tuple[bool, bool], PolicyError | None] = {}
+    refusals: dict[tuple[bool, bool, bool], PolicyError | None] = {}
     first_refusal: PolicyError | None = None
     chosen: list[DecodeCandidate[T]] = []
     for candidate in candidates:
         worker = candidate.worker
-        kind = (worker.language_model_only, worker.takes_mm_metadata)
+        kind = (
+            worker.language_model_only,
+            worker.takes_mm_metadata,
+            worker.blind_to_stripped_media,
+        )
         if kind not in refusals:
-            refusals[kind] = _refusal(request, language_model_only=kind[0], metadata=kind[1])
+            refusals[kind] = _refusal(
+                request, language_model_only=kind[0], metadata=kind[1], blind=kind[2]
+            )
         refusal = refusals[kind]
         if refusal is None:
             chosen.append(candidate)
@@ -74,7 +82,9 @@ def select_decode_workers(
     return chosen
 
 
-def _refusal(request: Request, *, language_model_only: bool, metadata: bool) -> PolicyError | None:
+def _refusal(
+    request: Request, *, language_model_only: bool, metadata: bool, blind: bool
+) -> PolicyError | None:
     grids = has_mrope_grids(request)
     try:
         decide_decode_form(
@@ -86,6 +96,7 @@ def _refusal(request: Request, *, language_model_only: bool, metadata: bool) -> 
             takes_mm_metadata=metadata,
             metadata_gap=mrope_metadata_gap(request) if metadata and grids else None,
             unidentified=unidentified_media(request),
+            blind_to_stripped_media=blind,
         )
     except PolicyError as exc:
         return exc

@@ -8,6 +8,7 @@ from typing import Final
 
 import attrs
 
+from .decode_kv import KV_LOAD_FAILURE_LABEL, KV_LOAD_LABEL, DecodeKv
 from .encoder_cache import EC_ROLE_LABEL, EncoderCacheRole
 from .errors import MalformedRequest
 from .fields import instance_of
@@ -121,6 +122,10 @@ class WorkerCapability:
     encoder_cache: EncoderCacheRole = attrs.field(
         default=EncoderCacheRole.UNKNOWN, validator=instance_of(EncoderCacheRole)
     )
+    #: How it takes the prefill's KV, a decode worker's
+    #: ([`DecodeKv`][pd_policy.decode_kv.DecodeKv]): whether a stripped multimodal leg
+    #: could be answered image-blind there.
+    decode_kv: DecodeKv = attrs.field(factory=DecodeKv, validator=instance_of(DecodeKv))
 
     @property
     def language_model_only(self) -> bool:
@@ -131,6 +136,13 @@ class WorkerCapability:
     def takes_mm_metadata(self) -> bool:
         """A language-model-only worker that says it takes multimodal metadata."""
         return self.supports_vision is Support.FALSE and self.accepts_mm_metadata is Support.TRUE
+
+    @property
+    def blind_to_stripped_media(self) -> bool:
+        """A language-model-only worker that could answer a stripped multimodal leg
+        image-blind ([`DecodeKv.blind_to_stripped_media`][
+        pd_policy.decode_kv.DecodeKv.blind_to_stripped_media])."""
+        return self.supports_vision is Support.FALSE and self.decode_kv.blind_to_stripped_media
 
     @property
     def accepts_media_refs(self) -> bool:
@@ -147,7 +159,9 @@ class WorkerCapability:
         vision-capable and anything else (or no label) leaves it unknown.
         [`MM_METADATA_LABEL`][pd_policy.worker.MM_METADATA_LABEL] reads the same way;
         [`EC_ROLE_LABEL`][pd_policy.encoder_cache.EC_ROLE_LABEL] takes exactly ``producer``,
-        ``consumer`` or ``none``.
+        ``consumer`` or ``none``; [`KV_LOAD_LABEL`][pd_policy.decode_kv.KV_LOAD_LABEL] and
+        [`KV_LOAD_FAILURE_LABEL`][pd_policy.decode_kv.KV_LOAD_FAILURE_LABEL] their exact
+        values ([`DecodeKv.from_labels`][pd_policy.decode_kv.DecodeKv.from_labels]).
         Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] when ``labels`` is not a
         mapping of strings to strings.
         """
@@ -169,6 +183,9 @@ class WorkerCapability:
             mm_media_ref_schemes=tuple(s.strip() for s in schemes.split(",") if s.strip()),
             accepts_mm_metadata=metadata,
             encoder_cache=EncoderCacheRole.from_label(labels.get(EC_ROLE_LABEL)),
+            decode_kv=DecodeKv.from_labels(
+                labels.get(KV_LOAD_LABEL), labels.get(KV_LOAD_FAILURE_LABEL)
+            ),
         )
 
     def to_labels(self) -> dict[str, str]:
@@ -184,4 +201,5 @@ class WorkerCapability:
             labels[MM_METADATA_LABEL] = self.accepts_mm_metadata.value
         if self.encoder_cache is not EncoderCacheRole.UNKNOWN:
             labels[EC_ROLE_LABEL] = self.encoder_cache.value
+        labels.update(self.decode_kv.to_labels())
         return labels

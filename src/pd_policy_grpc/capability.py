@@ -13,6 +13,8 @@ from pd_policy import (
     Support,
     WorkerCapability,
 )
+from pd_policy.decode_kv import KV_LOAD_FAILURE_LABEL, KV_LOAD_LABEL, DecodeKv, KvLoad
+from pd_policy.wires import decode_kv_from_config
 
 from .wire import pb
 
@@ -20,6 +22,7 @@ __all__ = [
     "accepts_mm_metadata_from_info",
     "capability_from_info",
     "capability_from_labels",
+    "decode_kv_from_info",
     "worker_labels",
 ]
 
@@ -61,6 +64,22 @@ def accepts_mm_metadata_from_info(
     return Support.TRUE if consumer and server_info.mm_encoder_budget > 0 else Support.FALSE
 
 
+def decode_kv_from_info(
+    server_info: pb.GetServerInfoResponse, labels: Mapping[str, str] | None = None
+) -> DecodeKv:
+    """How a worker takes KV, from its ``kv_connector`` (``""``: none, it loads nothing;
+    see [`decode_kv_from_config`][pd_policy.wires.decode_kv_from_config]). The servicer
+    does not report ``kv_load_failure_policy``: it stays unknown unless an operator's
+    [`KV_LOAD_FAILURE_LABEL`][pd_policy.decode_kv.KV_LOAD_FAILURE_LABEL] says; an exact
+    [`KV_LOAD_LABEL`][pd_policy.decode_kv.KV_LOAD_LABEL] overrides the load."""
+    read = decode_kv_from_config({"kv_connector": server_info.kv_connector})
+    said = DecodeKv.from_labels(
+        (labels or {}).get(KV_LOAD_LABEL), (labels or {}).get(KV_LOAD_FAILURE_LABEL)
+    )
+    loads = said.loads if said.loads is not KvLoad.UNKNOWN else read.loads
+    return DecodeKv(loads, said.on_failure)
+
+
 def capability_from_info(
     model_info: pb.GetModelInfoResponse,
     server_info: pb.GetServerInfoResponse | None = None,
@@ -79,7 +98,8 @@ def capability_from_info(
     ([`accepts_mm_metadata_from_info`][pd_policy_grpc.capability.accepts_mm_metadata_from_info]). An
     operator's ``labels`` override
     that inference: an exact ``"true"`` or ``"false"`` under
-    [`pd_policy.MM_METADATA_LABEL`][pd_policy.worker.MM_METADATA_LABEL] wins.
+    [`pd_policy.MM_METADATA_LABEL`][pd_policy.worker.MM_METADATA_LABEL] wins. How it takes
+    KV is [`decode_kv_from_info`][pd_policy_grpc.capability.decode_kv_from_info].
     """
     support = (
         Support.from_bool(model_info.supports_vision)
@@ -99,6 +119,7 @@ def capability_from_info(
         server_info.mm_processor,
         _schemes(server_info.mm_media_ref_schemes),
         accepts_mm_metadata=metadata,
+        decode_kv=decode_kv_from_info(server_info, labels),
     )
 
 
@@ -117,6 +138,7 @@ def worker_labels(
         metadata = accepts_mm_metadata_from_info(model_info, server_info)
         if metadata is not Support.UNKNOWN:
             labels[MM_METADATA_LABEL] = metadata.value
+        labels.update(decode_kv_from_info(server_info).to_labels())
     return labels
 
 

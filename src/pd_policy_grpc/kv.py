@@ -38,7 +38,7 @@ __all__ = [
 
 def kv_mode_from_server_info(server_info: pb.GetServerInfoResponse) -> KvConnectorMode:
     """The handoff contract of the prefill worker's ``kv_connector`` (see
-    [`pd_policy.connector_mode`][pd_policy.connectors.connector_mode]).
+    [`pd_policy.connector_mode`][pd_policy.wires.connector_mode]).
 
     Raises [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a connector whose
     contract is unknown: pass the mode explicitly for it.

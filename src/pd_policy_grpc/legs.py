@@ -175,6 +175,7 @@ def _decide(
         takes_mm_metadata=metadata,
         metadata_gap=gap,
         unidentified=facts.unidentified,
+        blind_to_stripped_media=decode_worker.blind_to_stripped_media,
     )
 
 

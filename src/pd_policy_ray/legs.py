@@ -39,8 +39,8 @@ from pd_policy import (
     PrefillKv,
     Request,
     WorkerCapability,
-    connector_mode,
 )
+from pd_policy.wires import handoff_mode
 from pd_policy_vllm.openai.plan.legs import Leg, PrefillReply
 from pd_policy_vllm.openai.plan.request import Route
 from pd_policy_vllm.openai.plan.steps import (
@@ -69,15 +69,15 @@ DECODE = "decode"
 
 def prefill_kv(kv_transfer_config: Mapping[str, Any] | None) -> PrefillKv:
     """How the prefill deployment hands KV over, from its ``kv_transfer_config`` (the
-    connector's contract, [`connector_mode`][pd_policy.connectors.connector_mode]).
+    connector's contract, [`handoff_mode`][pd_policy.wires.handoff_mode]).
 
     Raises [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a missing
-    config or a connector whose contract the core does not know."""
+    config or a connector the core refuses or does not know."""
     name = (kv_transfer_config or {}).get("kv_connector")
     if not isinstance(name, str) or not name:
         # No connector is no handoff: P/D on Ray needs one (Ray refuses it too).
         raise InvalidConfiguration("the prefill deployment names no kv_connector")
-    return PrefillKv(connector_mode(name))
+    return PrefillKv(handoff_mode(kv_transfer_config or {}))
 
 
 def plan_legs(

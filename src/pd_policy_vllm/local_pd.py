@@ -101,7 +101,7 @@ class LocalPd:
     it exists to show the prefix-cache hazard, never use it otherwise.
     ``kv_mode`` is the prefill connector's handoff contract, by default read off the
     prefill engine's ``kv_transfer_config``
-    ([`connector_mode`][pd_policy.connectors.connector_mode], which raises
+    ([`connector_mode`][pd_policy.wires.connector_mode], which raises
     [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a connector it
     does not know).
     """

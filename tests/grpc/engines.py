@@ -138,7 +138,7 @@ class LanguageModelOnlyDecodeEngine(Engine):
     """A decode engine that runs ``--language-model-only``: no encoder, budget 0."""
 
     def __init__(self) -> None:
-        super().__init__(supports_vision=False)
+        super().__init__(supports_vision=False, kv_connector="NixlConnector")
 
     async def refuse(self, request: pb.GenerateRequest, context: Any) -> None:
         await refuse_media(request, context)

@@ -186,7 +186,7 @@ class FaultyDecode(_Ledger):
     """A ``--language-model-only`` decode engine: refuses pixels, streams :func:`answer`."""
 
     def __init__(self) -> None:
-        super().__init__(supports_vision=False)
+        super().__init__(supports_vision=False, kv_connector="NixlConnector")
 
     async def refuse(self, request: pb.GenerateRequest, context: Any) -> None:
         await refuse_media(request, context)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pd_policy import KvConnectorMode, Support, VisionSupport, WorkerCapability
+from pd_policy.decode_kv import DecodeKv, KvLoad, LoadFailure
 from pd_policy_grpc import (
     accepts_mm_metadata_from_info,
     capability_from_info,
@@ -18,7 +21,9 @@ def test_from_info() -> None:
     server = pb.GetServerInfoResponse(mm_processor="inprocess", mm_media_ref_schemes="https, data")
     assert capability_from_info(model) == WorkerCapability(VisionSupport.FALSE)
     assert capability_from_info(pb.GetModelInfoResponse(supports_vision=True), server) == (
-        WorkerCapability(VisionSupport.TRUE, "inprocess", ("https", "data"))
+        WorkerCapability(
+            VisionSupport.TRUE, "inprocess", ("https", "data"), decode_kv=DecodeKv(KvLoad.NONE)
+        )
     )
     # A servicer that predates the honest probe: its false means nothing.
     legacy = capability_from_info(model, reports_supports_vision=False)
@@ -85,3 +90,46 @@ def test_the_metadata_label_overrides_the_inference() -> None:
     labels = worker_labels(lm_only, consumer)
     assert labels["accepts_mm_metadata"] == "true"
     assert capability_from_labels(labels).takes_mm_metadata
+
+
+@pytest.mark.parametrize(
+    ("connector", "loads"),
+    [
+        ("NixlConnector", KvLoad.BY_REQUEST),
+        ("NixlPushConnector", KvLoad.BY_REQUEST),
+        ("OffloadingConnector", KvLoad.BY_CONTENT),
+        ("LMCacheConnectorV1", KvLoad.BY_CONTENT),
+        ("", KvLoad.NONE),
+        ("MultiConnector", KvLoad.UNKNOWN),  # its connectors are not reported
+        ("MyConnector", KvLoad.UNKNOWN),
+    ],
+)
+def test_a_decode_says_how_it_takes_kv_by_its_connector(connector: str, loads: KvLoad) -> None:
+    # GetServerInfo names the connector only: the load follows the core's table, and a
+    # language-model-only decode that matches by content or loads nothing is blind to a
+    # stripped multimodal leg.
+    lm_only = pb.GetModelInfoResponse(supports_vision=False)
+    capability = capability_from_info(lm_only, pb.GetServerInfoResponse(kv_connector=connector))
+    assert capability.decode_kv == DecodeKv(loads)
+    assert capability.blind_to_stripped_media is (loads in (KvLoad.BY_CONTENT, KvLoad.NONE))
+    vision = capability_from_info(
+        pb.GetModelInfoResponse(supports_vision=True),
+        pb.GetServerInfoResponse(kv_connector=connector),
+    )
+    assert not vision.blind_to_stripped_media  # a vision decode gets the media itself
+
+
+def test_the_failure_policy_comes_from_a_label_and_round_trips() -> None:
+    # The servicer does not report kv_load_failure_policy: unknown, unless a label says.
+    lm_only = pb.GetModelInfoResponse(supports_vision=False)
+    nixl = pb.GetServerInfoResponse(kv_connector="NixlConnector", kv_role="kv_consumer")
+    assert capability_from_info(lm_only, nixl).decode_kv.on_failure is LoadFailure.UNKNOWN
+    said = {"kv_load_failure_policy": "recompute"}
+    assert capability_from_info(lm_only, nixl, labels=said).blind_to_stripped_media
+    assert not capability_from_info(
+        lm_only, nixl, labels={"kv_load_failure_policy": "Recompute"}
+    ).blind_to_stripped_media  # only the exact value counts
+    labels = worker_labels(lm_only, nixl)
+    assert labels["kv_load"] == "request"
+    assert capability_from_labels(labels) == capability_from_info(lm_only, nixl)
+    assert capability_from_labels({**labels, **said}).blind_to_stripped_media

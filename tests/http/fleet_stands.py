@@ -4,7 +4,7 @@ cut after its first event), with every call recorded.
 
 Each stand-in answers chat as a prefill does (``prompt_token_ids``, ``kv_transfer_params``)
 and as a decode does (a completion naming the worker), serves ``/health`` and a
-``/server_info`` whose ``language_model_only`` the test sets.
+``/server_info`` whose ``language_model_only`` and KV connector the test sets.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from pd_policy_vllm.http.proxy import Proxy
 __all__ = ["Stand", "serving", "stands"]
 
 
-def _config(lm_only: bool, connector: str) -> dict[str, Any]:
+def _config(lm_only: bool, connector: str, kv: dict[str, Any]) -> dict[str, Any]:
     return {"vllm_config": {
         "model_config": {"multimodal_config": {"language_model_only": lm_only}},
         "kv_transfer_config": {"kv_connector": connector, "engine_id": "engine",
-                               "kv_role": "kv_consumer" if lm_only else "kv_producer"},
+                               "kv_role": "kv_consumer" if lm_only else "kv_producer", **kv},
     }, "vllm_env": {}}  # fmt: skip
 
 
@@ -41,6 +41,8 @@ class Stand:
     name: str
     lm_only: bool = True
     connector: str = "NixlConnector"
+    #: More of its ``kv_transfer_config`` (``kv_load_failure_policy``, an extra config).
+    kv: dict[str, Any] = attrs.field(factory=dict)
     #: Serve /server_info (vLLM's development mode); else a 404, as in production.
     describes: bool = True
     healthy: bool = True
@@ -59,6 +61,7 @@ class Stand:
         # vllm serve takes bodies of any size (a large image): aiohttp's default is 1 MiB.
         app = web.Application(client_max_size=2**30)
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/responses", self.chat)
         app.router.add_get("/health", self.health)
         app.router.add_get("/server_info", self.info)
         app.router.add_get("/v1/models", self.models)
@@ -74,14 +77,16 @@ class Stand:
     async def info(self, request: web.Request) -> web.Response:
         if not self.describes:
             return web.Response(status=404)
-        return web.json_response(_config(self.lm_only, self.connector))
+        return web.json_response(_config(self.lm_only, self.connector, self.kv))
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        self.calls.append({"body": body, "authorization": request.headers.get("Authorization")})
+        self.calls.append({"body": body, "authorization": request.headers.get("Authorization"),
+                           "path": request.path,
+                           "request_id": request.headers.get("X-Request-Id")})  # fmt: skip
         if self.fail_next:
             return web.json_response({"error": {"message": "busy"}}, status=self.fail_next.pop(0))
         self.in_flight += 1

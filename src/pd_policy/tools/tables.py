@@ -1,7 +1,7 @@
 """The docs tables, rendered from the code so the docs cannot drift from it.
 
-``docs/decisions.md``, ``docs/epd.md``, ``docs/errors.md``, ``docs/grpc.md`` and
-``docs/architecture.md`` and ``docs/security.md`` hold these tables between
+``docs/decisions.md``, ``docs/epd.md``, ``docs/errors.md``, ``docs/grpc.md``,
+``docs/architecture.md``, ``docs/security.md`` and ``docs/wires.md`` hold these tables between
 ``<!-- BEGIN GENERATED: name -->`` and ``<!-- END GENERATED: name -->``
 markers; a test checks that they are current and ``pd-policy tables --write``
 rewrites them.
@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Final
 
 from pd_policy.catalog import ERROR_CATALOG
-from pd_policy.connectors import CONNECTOR_MODES, NIXL_PREFILL_PARAMS, KvConnectorMode
+from pd_policy.connectors import NIXL_PREFILL_PARAMS, KvConnectorMode
 from pd_policy.decision import DecodeForm, sequential_pd_decode_form
+from pd_policy.decode_kv import DecodeKv, KvLoad, LoadFailure
 from pd_policy.encoder_cache import encoder_outputs
 from pd_policy.epd import PrefillForm, encoder_consumer_leg, needs_encode_leg
 from pd_policy.errors import PolicyError
@@ -25,6 +26,7 @@ from pd_policy.mrope import has_mrope_grids
 from pd_policy.request import Request
 from pd_policy.router_fields import ROUTER_FIELDS
 from pd_policy.tensor import PayloadLocation
+from pd_policy.wires import CONNECTOR_MODES, CONNECTORS, MULTI_CONNECTOR
 from pd_policy.worker import Support, WorkerCapability
 
 from .scenarios import image_request, media_ref_request, mrope_request, text_request
@@ -37,6 +39,7 @@ __all__ = [
     "exchange_table",
     "router_fields_table",
     "splice",
+    "wires_table",
 ]
 
 _WORKERS: Final = (
@@ -46,6 +49,14 @@ _WORKERS: Final = (
     (
         "language-model-only, takes metadata",
         WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE),
+    ),
+    (
+        "language-model-only, takes metadata, blind to a stripped leg",
+        WorkerCapability(
+            Support.FALSE,
+            accepts_mm_metadata=Support.TRUE,
+            decode_kv=DecodeKv(KvLoad.BY_REQUEST, LoadFailure.RECOMPUTE),
+        ),
     ),
 )
 
@@ -87,7 +98,10 @@ def decision_table() -> str:
             *rows,
             "",
             f'Forms: {legend}. "+ KV": the prefill\'s KV parameters are relayed. "Takes '
-            'metadata": `supports_vision` false and `accepts_mm_metadata` true.',
+            'metadata": `supports_vision` false and `accepts_mm_metadata` true. "Blind to a '
+            'stripped leg": its KV connector matches blocks by content hash or loads '
+            'nothing, or its `kv_load_failure_policy` is `"recompute"` (see '
+            "[the wires](wires.md)): text still goes to it.",
         ]
     )
 
@@ -149,6 +163,10 @@ def connector_table() -> str:
             "tagged `" + NIXL_PREFILL_PARAMS + "`",
             "the parameters the prefill returned, relayed",
         ),
+        KvConnectorMode.NIXL_PUSH: (
+            "tagged `" + NIXL_PREFILL_PARAMS + "`, on the decode leg's route",
+            "the parameters the prefill returned, relayed, under the prefill's request id",
+        ),
         KvConnectorMode.MOONCAKE: (
             "tagged with a minted `transfer_id`",
             "the same transfer, the engine id and the bootstrap address; or, with no engine "
@@ -174,11 +192,30 @@ def connector_table() -> str:
         )
     lines += [
         "",
-        "Any other connector name is refused at start-up (`pd_invalid_configuration`). A "
+        "Every other connector is refused at start-up (`pd_invalid_configuration`), with "
+        "its reason ([the wires](wires.md)). A "
         "stripped multimodal leg whose handoff lacks a named field (`do_remote_prefill` must "
         'be `true`; `null`, `""`, `[]` and `{}` count as missing) is refused after prefill '
         "(`pd_decode_missing_kv_transfer_params`, 502); a text leg recomputes.",
     ]
+    return "\n".join(lines)
+
+
+def wires_table() -> str:
+    """Every connector vLLM registers (and this library's own), served or refused."""
+    loads = {
+        KvLoad.BY_REQUEST: "the named transfer",
+        KvLoad.BY_CONTENT: "by content hash: no stripped media leg",
+        KvLoad.NONE: "nothing: no stripped media leg",
+        KvLoad.UNKNOWN: "as its connectors do",
+    }
+    lines = ["| connector | served as | a decode running it loads |", "|---|---|---|"]
+    for name, wire in CONNECTORS.items():
+        served = f"`{wire.mode.value}`" if wire.mode is not None else f"refused: {wire.why}"
+        if name == MULTI_CONNECTOR:
+            served = "its connectors' one handoff, read from its config; by its name alone: refused"
+        label = f"`{name}`" if name else "none"
+        lines.append(f"| {label} | {served} | {loads[wire.loads]} |")
     return "\n".join(lines)
 
 
@@ -245,6 +282,7 @@ TABLES: Final[dict[str, Callable[[], str]]] = {
     "errors": error_table,
     "exchange": exchange_table,
     "router-fields": router_fields_table,
+    "wires": wires_table,
 }
 
 

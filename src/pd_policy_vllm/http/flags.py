@@ -11,9 +11,12 @@ gateways spell it, for a start-up script that has the key (``--admin-api-keys-fi
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any
 
 from pd_policy import Balance, ClientUuids, InvalidConfiguration, KvConnectorMode
+from pd_policy.wires import decode_kv_from_config
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts, allowed_hosts
 from pd_policy_vllm.http.fleet.describe import CAPABILITIES, OperatorSays
 from pd_policy_vllm.http.fleet.kv_routing import KvRouting
@@ -82,6 +85,14 @@ def parser() -> argparse.ArgumentParser:
         "--decode-capability",
         choices=sorted(CAPABILITIES),
         help="the capability of a decode worker that does not describe itself",
+    )
+    add(
+        "--decode-kv-transfer-config",
+        type=_json_object,
+        metavar="JSON",
+        help="the --kv-transfer-config of a decode worker that does not describe itself: "
+        "its connector and kv_load_failure_policy say whether it may take a multimodal "
+        "leg without its media",
     )
     add(
         "--remote-media",
@@ -197,14 +208,25 @@ def parser() -> argparse.ArgumentParser:
     return cli
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("a JSON object, as vLLM's --kv-transfer-config takes")
+    return value
+
+
 def operator_says(args: argparse.Namespace) -> OperatorSays:
     """What the flags say of workers that do not describe themselves."""
-    domains = args.allowed_media_domains
+    domains, config = args.allowed_media_domains, args.decode_kv_transfer_config
     return OperatorSays(
         kv_mode=KvConnectorMode(args.kv_mode) if args.kv_mode else None,
         bootstrap_port=args.bootstrap_port,
         capability=CAPABILITIES[args.decode_capability] if args.decode_capability else None,
         allowed_media_domains=tuple(domains) if domains is not None else None,
+        decode_kv=decode_kv_from_config(config) if config is not None else None,
     )
 
 

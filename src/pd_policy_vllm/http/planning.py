@@ -93,6 +93,8 @@ class Planning:
             encodes=placement.encoder is not None,
             media=prefill.worker.media,
             request=made,
+            # Another API planned as chat sends its decode leg to its own route.
+            served_as=incoming.path if incoming.translate is not None else None,
         )
 
     async def planned(self, attempt: Attempt, action: PlanAction[HttpWorker]) -> Event:

@@ -28,11 +28,11 @@ from pd_policy import (
     PrefillKv,
     Support,
     WorkerCapability,
-    connector_mode,
     derive_accepts_mm_metadata,
     derive_supports_vision,
 )
 from pd_policy.authority import host_of_url, worker_url
+from pd_policy.wires import decode_kv_from_config, handoff_mode
 from pd_policy_vllm.kv_events.source import KvSource
 from pd_policy_vllm.openai.media.identity import WorkerMedia
 
@@ -109,8 +109,10 @@ def engine_facts_from_config(config: Mapping[str, Any]) -> EngineFacts:
 
 def capability_from_config(config: Mapping[str, Any]) -> WorkerCapability:
     """The capability a worker's configuration gives it (``supports_vision`` and
-    ``accepts_mm_metadata``, by the core's rules, and its encoder-cache role, as vLLM
-    reads its ``ec_transfer_config``)."""
+    ``accepts_mm_metadata``, by the core's rules; its encoder-cache role, as vLLM
+    reads its ``ec_transfer_config``; and how it takes KV, from its
+    ``kv_transfer_config``: its connector and ``kv_load_failure_policy``, by
+    [`decode_kv_from_config`][pd_policy.wires.decode_kv_from_config])."""
     facts = engine_facts_from_config(config)
     ec = _section(config, "ec_transfer_config")
     role, connector = (ec.get(k) for k in ("ec_role", "ec_connector"))
@@ -123,6 +125,7 @@ def capability_from_config(config: Mapping[str, Any]) -> WorkerCapability:
             role if isinstance(role, str) else None,
             connector if isinstance(connector, str) else None,
         ),
+        decode_kv=decode_kv_from_config(_section(config, "kv_transfer_config")),
     )
 
 
@@ -136,20 +139,21 @@ def prefill_kv_from_config(
     """How a prefill worker hands KV over, from its configuration and its URL.
 
     The contract is its connector's
-    ([`pd_policy.connector_mode`][pd_policy.connectors.connector_mode]; ``mode``
-    overrides it, for a connector this library does not know), the Mooncake
+    ([`handoff_mode`][pd_policy.wires.handoff_mode], which reads a ``MultiConnector``'s
+    connectors and an offloading tier; ``mode`` overrides it, for a connector this
+    library does not know), the Mooncake
     engine id its ``engine_id``, the bootstrap host its URL's host, and the
     data-parallel size its ``parallel_config``. Raises
-    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for an unknown connector.
+    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a refused or
+    unknown connector, saying why.
     """
     kv = _section(config, "kv_transfer_config")
     parallel = _section(config, "parallel_config")
-    connector = kv.get("kv_connector") or ""
     options: dict[str, Any] = {}
     if bootstrap_port is not None:
         options["bootstrap_port"] = bootstrap_port
     return PrefillKv(
-        mode or connector_mode(str(connector)),
+        handoff_mode(kv, stated=mode),
         engine_id=kv.get("engine_id") or None,
         bootstrap_host=host_of_url(url),
         dp_size=max(int(parallel.get("data_parallel_size") or 1), 1),

@@ -20,7 +20,9 @@ Operations:
 * ``kv_handoff``: the handoff plan for a prefill worker and ``n`` (a fixed
   ``transfer_id``), and the prefill leg of a request under it;
 * ``epd_prefill``: E/P/D's prefill leg for an encoder-cache consumer, from a request and
-  the encoder's ``ec_transfer_params`` (the form, the leg and the parameters), or the error.
+  the encoder's ``ec_transfer_params`` (the form, the leg and the parameters), or the error;
+* ``kv_config_mode``, ``decode_kv``, ``leg_routes``: the KV wires
+  ([`wire_operations`][pd_policy.tools.vectors.wire_operations]).
 """
 
 from .cases import ADVERSARIAL

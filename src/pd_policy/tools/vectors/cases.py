@@ -1,5 +1,5 @@
-"""The conformance cases of the ``plan`` operation: decisions, handoffs, legs, salts, and
-malformed input; then the other operations' (``check_cases``)."""
+"""The ``plan`` operation's conformance cases (decisions, handoffs, legs, salts, malformed
+input), then the other operations' (``check_cases`` and the rest)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from typing import Any, Final
 
 from pd_policy.batch import Modality, MultimodalBatch, PlaceholderRange
 from pd_policy.codec import worker_to_json
-from pd_policy.connectors import KvConnectorMode
 from pd_policy.handoff_fields import REQUIRED_KV_FIELDS
 from pd_policy.request import Request
 from pd_policy.tensor import PayloadLocation, TensorDescriptor
@@ -22,24 +21,12 @@ from pd_policy.tools.scenarios import (
 from .check_cases import check_cases as _check_cases
 from .client_cases import client_cases
 from .exchange_cases import exchange_cases
-from .fixtures import NIXL, WORKERS, req
+from .fixtures import COMPLETE_HANDOFFS, NIXL, WORKERS, req
 from .fleet_cases import fleet_cases
 from .media_cases import media_cases
+from .wire_cases import wire_cases
 
 __all__ = ["ADVERSARIAL", "WORKERS", "all_cases"]
-
-#: A complete handoff under each contract, to drop one field from at a time.
-COMPLETE_HANDOFFS: Final[dict[KvConnectorMode, dict[str, object]]] = {
-    KvConnectorMode.NIXL: NIXL,
-    KvConnectorMode.TRANSFER: {"do_remote_prefill": True, "transfer_id": "xfer-1"},
-    KvConnectorMode.MOONCAKE: {
-        "do_remote_prefill": True,
-        "transfer_id": "xfer-1",
-        "remote_engine_id": "p0",
-        "remote_bootstrap_addr": "http://p0.local:8998",
-    },
-    KvConnectorMode.PASSTHROUGH: {"loaded_from": "store"},
-}
 
 #: Salts and hashes built to break naive encodings: separators, prefixes, NUL, non-ASCII.
 ADVERSARIAL: Final = ("a,b", "a", "b", ",", ":", "mm:", "mm1:", "a\x00b", "é", "日本", "x" * 300)
@@ -307,4 +294,5 @@ def all_cases() -> list[dict[str, Any]]:
     client_cases(add)
     fleet_cases(add)
     exchange_cases(add)
+    wire_cases(add)
     return cases

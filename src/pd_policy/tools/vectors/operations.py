@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from pd_policy.batch import Modality
 from pd_policy.codec import request_from_json, request_to_json, worker_from_json
-from pd_policy.connectors import KvConnectorMode, PrefillKv, connector_mode, plan_kv_handoff
+from pd_policy.connectors import KvConnectorMode, PrefillKv, plan_kv_handoff
 from pd_policy.encoder_cache import encoder_outputs
 from pd_policy.epd import encoder_consumer_leg
 from pd_policy.errors import InvalidConfiguration, MalformedRequest, PolicyError
@@ -23,6 +23,7 @@ from pd_policy.request import LegacyKvParams
 from pd_policy.salt import fold_salt, upstream_cache_salt
 from pd_policy.selection import DecodeCandidate, ensure_model_accepts_media, select_decode_workers
 from pd_policy.tools.outcome import PrefillResult, plan
+from pd_policy.wires import connector_mode
 from pd_policy.worker import WorkerCapability
 
 __all__ = ["OPERATIONS", "run_case"]
@@ -34,6 +35,7 @@ from .media_operations import MEDIA_OPERATIONS
 from .reading import error as _error
 from .reading import field as _field
 from .reading import opt_field as _opt_field
+from .wire_operations import WIRE_OPERATIONS
 
 
 def _prefill_mode(spec: Mapping[str, Any]) -> KvConnectorMode:
@@ -211,6 +213,7 @@ OPERATIONS: Final[dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]]] = {
     **CLIENT_OPERATIONS,
     **FLEET_OPERATIONS,
     **EXCHANGE_OPERATIONS,
+    **WIRE_OPERATIONS,
 }
 
 

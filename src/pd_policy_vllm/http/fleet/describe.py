@@ -30,6 +30,7 @@ from pd_policy import (
     WorkerCapability,
 )
 from pd_policy.authority import host_of_url, worker_url
+from pd_policy.decode_kv import DecodeKv
 from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.auth import for_url
 from pd_policy_vllm.http.fleet.members import member_name
@@ -59,12 +60,14 @@ CAPABILITIES: Final = {
 class OperatorSays:
     """What the operator says of workers that do not describe themselves (and what
     overrides them): the KV handoff contract and Mooncake bootstrap port, a decode
-    worker's capability, and the media domains a worker allows (``None``: unknown)."""
+    worker's capability and how it takes KV, and the media domains a worker allows
+    (``None``: unknown)."""
 
     kv_mode: KvConnectorMode | None = None
     bootstrap_port: int | None = None
     capability: WorkerCapability | None = None
     allowed_media_domains: tuple[str, ...] | None = None
+    decode_kv: DecodeKv | None = None
 
 
 async def server_info(
@@ -138,6 +141,8 @@ async def describe(
         # that does not describe itself stays unknown (treated as vision-capable).
         stated = says.capability if role == "decode" else None
         capability = stated if stated is not None else WorkerCapability()
+        if role == "decode" and says.decode_kv is not None:
+            capability = attrs.evolve(capability, decode_kv=says.decode_kv)
         media = WorkerMedia()
         if says.allowed_media_domains is not None:
             # The operator states the worker's rules: an empty list is vLLM's "any host".

@@ -45,6 +45,7 @@ from pd_policy import (
     relay_kv,
     select_decode_workers,
 )
+from pd_policy.wires import check_leg_routes
 from pd_policy_vllm.openai.media.identity import WorkerMedia, uncached_parts
 from pd_policy_vllm.openai.plan.encode import (
     consumer_prefill_body,
@@ -140,6 +141,7 @@ def plan_request(
     media: WorkerMedia | None = None,
     nonce: str | None = None,
     request: Request | None = None,
+    served_as: str | None = None,
 ) -> Plan[T]:
     """Decide everything before prefill. Raises every refusal the policy can make then:
     malformed bodies, the carve-outs, no decode worker, and ``echo`` on a request with
@@ -159,6 +161,9 @@ def plan_request(
     [`policy_request`][pd_policy_vllm.openai.plan.request.policy_request]).
     ``request`` is that core request when the caller already made it of ``body`` under
     ``media`` (a router that chose its workers on it): it is taken as it is.
+    ``served_as``: the decode leg's route when another API is planned as ``route``. Legs
+    that must share a route (NIXL push) and would not are refused
+    ([`check_leg_routes`][pd_policy.wires.check_leg_routes], 400), before any leg.
     """
     media = media if media is not None else WorkerMedia()
     if request is None:
@@ -179,6 +184,10 @@ def plan_request(
             param="echo",
         )
     handoff = plan_kv_handoff(kv, n=request.n, transfer_id=transfer_id)
+    if handoff.runs_prefill:
+        metadata = form is DecodeForm.MROPE_METADATA
+        to = GENERATE if metadata else served_as or route.value
+        check_leg_routes(handoff.mode, GENERATE if epd or metadata else route.value, to)
     # The render's worker fetches and names every item: none is uncached then.
     if epd:  # the legs are built from the encoder's render and answer
         return Plan(
