@@ -1,0 +1,110 @@
+"""``vllm serve`` workers on vLLM's own ``NixlConnector`` (NIXL over UCX, host memory), and
+what proves that NIXL moved a request's KV: the decode's ``/metrics``.
+
+Each worker gets ``VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1`` and a side-channel port of its own
+(NIXL's default, 5600, would be every worker's), chosen with its HTTP port and chosen again
+with it. Its ``PYTHONPATH`` starts with ``nixl_site/``, whose ``sitecustomize`` is the
+test-environment switch for NIXL's progress thread: off in these tests (an idle worker's
+thread busy-polls a core, and there are two), unless the run's environment sets
+``PD_POLICY_TEST_NIXL_PROGRESS_THREAD`` itself (``on``: NIXL as shipped).
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+from http_peers import vllm_server
+from servers import Server, candidate_ports
+from tiny_models import TinyModel
+
+__all__ = [
+    "PROGRESS_THREAD", "NixlCounters", "nixl_config", "nixl_counters", "nixl_server",
+    "progress_thread_off",
+]  # fmt: skip
+
+#: Where the switch's ``sitecustomize`` is.
+NIXL_SITE: Final = Path(__file__).parent / "nixl_site"
+#: The switch (see ``nixl_site/sitecustomize.py``).
+PROGRESS_THREAD: Final = "PD_POLICY_TEST_NIXL_PROGRESS_THREAD"
+#: What the switch writes to a server's log when it takes effect.
+SWITCH_MARK: Final = "pd-policy test switch: NIXL agents without their progress thread"
+
+
+def nixl_config(role: str, connector: str = "NixlConnector") -> dict[str, Any]:
+    """A worker's ``--kv-transfer-config`` on ``connector`` in ``role``, its KV in host memory."""
+    return {"kv_connector": connector, "kv_role": role, "kv_buffer_device": "cpu"}
+
+
+def progress_thread_off() -> bool:
+    """Whether the servers started here run NIXL without its progress thread."""
+    return os.environ.get(PROGRESS_THREAD, "off") == "off"
+
+
+def nixl_server(
+    name: str,
+    model: TinyModel,
+    logs: Path,
+    role: str,
+    *,
+    connector: str = "NixlConnector",
+    language_model_only: bool = False,
+    limits: dict[str, int] | None = None,
+    extra: tuple[str, ...] = (),
+) -> Server:
+    """``vllm serve`` of ``model`` on ``connector`` in ``role``, not yet started."""
+    server = vllm_server(
+        name, model, logs, language_model_only=language_model_only,
+        kv_config=nixl_config(role, connector), limits=limits, extra=extra,
+    )  # fmt: skip
+    # Its HTTP port first, then its NIXL side channel's: both chosen again on a rebind.
+    server.ports = candidate_ports(2)
+    server.port_env = lambda ports: {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports[1])}
+    path = os.environ.get("PYTHONPATH")
+    server.env.update(
+        VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+        PYTHONPATH=os.pathsep.join([str(NIXL_SITE), *([path] if path else [])]),
+        **{PROGRESS_THREAD: "off" if progress_thread_off() else "on"},
+    )
+    return server
+
+
+@attrs.frozen
+class NixlCounters:
+    """A worker's NIXL counters (its ``/metrics``): transfers it completed, the bytes they
+    moved, and the transfers that failed. Subtracting two readings gives what happened in
+    between."""
+
+    transfers: float
+    bytes: float
+    failed: float
+
+    def __sub__(self, earlier: NixlCounters) -> NixlCounters:
+        return NixlCounters(
+            self.transfers - earlier.transfers,
+            self.bytes - earlier.bytes,
+            self.failed - earlier.failed,
+        )
+
+
+_COUNTERS: Final = {
+    "vllm:nixl_xfer_time_seconds_count": "transfers",
+    "vllm:nixl_bytes_transferred_sum": "bytes",
+    "vllm:nixl_num_failed_transfers_total": "failed",
+}
+
+
+def nixl_counters(url: str) -> NixlCounters:
+    """The NIXL counters of the vLLM server at ``url``, summed over its labels (0 for a
+    counter it has not published yet)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = dict.fromkeys(_COUNTERS.values(), 0.0)
+    for line in text.splitlines():
+        name = line.partition("{")[0].partition(" ")[0]
+        if name in _COUNTERS:
+            values[_COUNTERS[name]] += float(line.rsplit(" ", 1)[1])
+    return NixlCounters(**values)
