@@ -11,19 +11,20 @@ thread busy-polls a core, and there are two), unless the run's environment sets
 
 from __future__ import annotations
 
+import contextlib
 import os
 import urllib.request
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
-from http_peers import vllm_server
-from servers import Server, candidate_ports
+from http_peers import proxy, vllm_server
+from servers import Server, candidate_ports, running
 from tiny_models import TinyModel
 
 __all__ = [
-    "PROGRESS_THREAD", "NixlCounters", "nixl_config", "nixl_counters", "nixl_server",
-    "progress_thread_off",
+    "PROGRESS_THREAD", "SWITCH_MARK", "NixlCounters", "NixlPair", "NixlPairs", "nixl_config",
+    "nixl_counters", "nixl_server", "progress_thread_off",
 ]  # fmt: skip
 
 #: Where the switch's ``sitecustomize`` is.
@@ -108,3 +109,71 @@ def nixl_counters(url: str) -> NixlCounters:
         if name in _COUNTERS:
             values[_COUNTERS[name]] += float(line.rsplit(" ", 1)[1])
     return NixlCounters(**values)
+
+
+@attrs.frozen
+class NixlPair:
+    """A running P/D pair on one NIXL connector, and the proxy in front of it: a full-media
+    prefill (KV producer), which also answers as a full server when sent a plain request,
+    and a ``--language-model-only`` decode (KV consumer)."""
+
+    connector: str
+    prefill: str
+    decode: str
+    proxy: str
+    #: The prefill's and the decode's server (their logs).
+    servers: tuple[Server, Server]
+
+    @property
+    def baseline(self) -> str:
+        """A full server to match: the prefill, sent plain requests."""
+        return self.prefill
+
+    @property
+    def mover(self) -> str:
+        """The worker that posts the NIXL transfers, and counts them in its ``/metrics``:
+        the decode reads the blocks on pull, the prefill writes them on push."""
+        return self.prefill if self.connector == "NixlPushConnector" else self.decode
+
+
+class NixlPairs:
+    """One NIXL pair of ``model`` at a time (``get``): asking for another connector's pair
+    stops the running one first, so that a module that runs pull and push holds two vLLM
+    servers at once, never four. ``proxy_flags`` are the proxy's flags beyond its workers:
+    never ``--kv-mode``, which the proxy reads from the workers' ``/server_info``."""
+
+    def __init__(
+        self, model: TinyModel, root: Path, *, limits: dict[str, int],
+        extra: tuple[str, ...] = (), proxy_flags: tuple[str, ...] = (),
+    ) -> None:  # fmt: skip
+        self._model, self._root, self._limits = model, root, limits
+        self._extra, self._proxy_flags = extra, proxy_flags
+        self._stack = contextlib.ExitStack()
+        self._pair: NixlPair | None = None
+        #: How many pairs were started, by connector.
+        self.starts: dict[str, int] = {}
+
+    def get(self, connector: str) -> NixlPair:
+        """The running pair on ``connector``, started (the other one stopped) if need be."""
+        if self._pair is not None and self._pair.connector == connector:
+            return self._pair
+        self.close()
+        logs = self._root / connector
+        logs.mkdir(parents=True, exist_ok=True)
+        p = nixl_server("prefill", self._model, logs, "kv_producer", connector=connector,
+                        limits=self._limits, extra=self._extra)  # fmt: skip
+        d = nixl_server("decode", self._model, logs, "kv_consumer", connector=connector,
+                        language_model_only=True, extra=self._extra)  # fmt: skip
+        self._stack.enter_context(running([p, d]))
+        x = proxy(logs, p.url, [d.url], *self._proxy_flags)
+        self._stack.enter_context(running([x]))
+        self._pair = NixlPair(connector, p.url, d.url, x.url, (p, d))
+        self.starts[connector] = self.starts.get(connector, 0) + 1
+        return self._pair
+
+    def close(self) -> None:
+        """Stop the running pair and its proxy, if any."""
+        try:
+            self._stack.close()
+        finally:
+            self._pair = None
