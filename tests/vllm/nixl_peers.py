@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Final
@@ -23,8 +24,8 @@ from servers import Server, candidate_ports, running
 from tiny_models import TinyModel
 
 __all__ = [
-    "PROGRESS_THREAD", "SWITCH_MARK", "NixlCounters", "NixlPair", "NixlPairs", "nixl_config",
-    "nixl_counters", "nixl_server", "progress_thread_off",
+    "PROGRESS_THREAD", "SWITCH_MARK", "NixlCounters", "NixlPair", "NixlPairs", "Transfer",
+    "nixl_config", "nixl_counters", "nixl_server", "progress_thread_off",
 ]  # fmt: skip
 
 #: Where the switch's ``sitecustomize`` is.
@@ -177,3 +178,36 @@ class NixlPairs:
             self._stack.close()
         finally:
             self._pair = None
+
+
+class Transfer:
+    """The NIXL transfers of a pair during a ``with`` block, read from the ``/metrics`` of
+    the worker that posts them (``NixlPair.mover``) on entry and on exit: at least one
+    completed, none failed, more than no bytes moved (asserted on a clean exit). ``bytes``:
+    how many, once the block is left.
+
+    A push prefill counts a write when an engine step of its polls it, which may come
+    after the decode answered: the exit waits for the count (``WAIT`` seconds at most)."""
+
+    WAIT: Final = 30.0
+
+    def __init__(self, pair: NixlPair) -> None:
+        self._url = pair.mover
+        self._before = NixlCounters(0, 0, 0)
+        self.bytes = 0.0
+
+    def __enter__(self) -> Transfer:
+        self._before = nixl_counters(self._url)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is not None:
+            return
+        deadline = time.monotonic() + self.WAIT
+        delta = nixl_counters(self._url) - self._before
+        while delta.transfers < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            delta = nixl_counters(self._url) - self._before
+        assert delta.transfers >= 1 and delta.bytes > 0, delta
+        assert delta.failed == 0, delta
+        self.bytes = delta.bytes

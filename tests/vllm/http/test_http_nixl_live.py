@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -27,14 +26,7 @@ import pytest
 from http_peers import data_url, http_json, read_fleet
 from live_engines import BLOCK_SIZE
 from llava_prompts import TEXT
-from nixl_peers import (
-    SWITCH_MARK,
-    NixlCounters,
-    NixlPair,
-    NixlPairs,
-    nixl_counters,
-    progress_thread_off,
-)
+from nixl_peers import SWITCH_MARK, NixlPair, NixlPairs, Transfer, progress_thread_off
 from router_side import image
 from tiny_models import TinyModel
 
@@ -118,39 +110,6 @@ def posted(url: str, body: dict[str, Any]) -> dict[str, Any]:
     assert status == 200, reply
     answer: dict[str, Any] = reply
     return answer
-
-
-class Transfer:
-    """The NIXL transfers of a pair during a ``with`` block, read from the ``/metrics`` of
-    the worker that posts them (``NixlPair.mover``) on entry and on exit: at least one
-    completed, none failed, more than no bytes moved (asserted on a clean exit). ``bytes``:
-    how many, once the block is left.
-
-    A push prefill counts a write when an engine step of its polls it, which may come
-    after the decode answered: the exit waits for the count (``WAIT`` seconds at most)."""
-
-    WAIT: Final = 30.0
-
-    def __init__(self, pair: NixlPair) -> None:
-        self._url = pair.mover
-        self._before = NixlCounters(0, 0, 0)
-        self.bytes = 0.0
-
-    def __enter__(self) -> Transfer:
-        self._before = nixl_counters(self._url)
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
-        if kind is not None:
-            return
-        deadline = time.monotonic() + self.WAIT
-        delta = nixl_counters(self._url) - self._before
-        while delta.transfers < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-            delta = nixl_counters(self._url) - self._before
-        assert delta.transfers >= 1 and delta.bytes > 0, delta
-        assert delta.failed == 0, delta
-        self.bytes = delta.bytes
 
 
 def tokens(reply: dict[str, Any]) -> list[int]:
