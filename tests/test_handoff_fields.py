@@ -22,13 +22,18 @@ from pd_policy import (
 )
 from pd_policy.tools.scenarios import image_request, text_request
 
+#: What vLLM 0.32's NixlConnector returns (tests/vllm/http/test_http_nixl_live.py).
+_NIXL: Final[dict[str, Any]] = {
+    "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "e0",
+    "remote_block_ids": [[3, 4]], "remote_host": "10.1.2.3", "remote_port": 5600,
+    "remote_request_id": "r", "tp_size": 1, "dcp_size": 1, "pp_size": 1,
+    "remote_num_tokens": 40, "remote_blocks_expiry_time": None, "transfer_mode": "pull",
+    "remote_prefill_cached_tokens": 0,
+}  # fmt: skip
 #: One complete handoff per contract, as each connector returns (or the router mints) it.
 COMPLETE: Final[dict[KvConnectorMode, dict[str, Any]]] = {
-    KvConnectorMode.NIXL: {
-        "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "e0",
-        "remote_block_ids": [3, 4], "remote_host": "10.1.2.3", "remote_port": 5600,
-        "remote_request_id": "r", "tp_size": 1,
-    },
+    KvConnectorMode.NIXL: _NIXL,
+    KvConnectorMode.NIXL_PUSH: {**_NIXL, "transfer_mode": "push"},
     KvConnectorMode.TRANSFER: {
         "do_remote_prefill": True, "do_remote_decode": False, "transfer_id": "xfer-9",
         "num_tokens": 40, "prompt_digest": "d", "mm_hashes": ["h"],

@@ -105,6 +105,8 @@ class Server:
     the started server serves. A server that exits having written that a port was taken
     (``PORT_TAKEN``) is started again on ``candidate_ports``, at most ``REBINDS`` times,
     unless its ports are ``fixed`` (a member restarted where its peers know it).
+    ``port_env`` gives more of its environment from its ports at each start (a port it
+    reads from its environment, as vLLM's NIXL side channel).
     """
 
     name: str
@@ -114,6 +116,7 @@ class Server:
     env: dict[str, str] = attrs.field(factory=dict)
     ports: tuple[int, ...] = ()
     fixed: bool = False
+    port_env: Callable[[tuple[int, ...]], dict[str, str]] | None = None
     process: subprocess.Popen[bytes] | None = None
     #: How many times it was started again on other ports.
     rebound: int = 0
@@ -133,6 +136,7 @@ class Server:
 
     def start(self) -> None:
         env = {**os.environ, **BASE_ENV, **self.env}
+        env.update(self.port_env(self.ports) if self.port_env is not None else {})
         # A start again on other ports goes on with the same log, after the last one's.
         self._log_from = self.log.stat().st_size if self.rebound and self.log.exists() else 0
         with self.log.open("ab" if self._log_from else "wb") as log:

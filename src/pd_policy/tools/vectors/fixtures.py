@@ -27,14 +27,25 @@ WORKERS: Final = {
         decode_kv=DecodeKv(KvLoad.BY_REQUEST, LoadFailure.RECOMPUTE),
     ),
 }
-#: What a NIXL prefill returns, complete (the fields of ``REQUIRED_KV_FIELDS[NIXL]``).
+#: What a NIXL prefill returns, complete: every field vLLM 0.32's ``NixlConnector`` returns,
+#: each of the JSON type it returns (a live test compares them,
+#: ``tests/vllm/http/test_http_nixl_live.py``); the contract requires the fields of
+#: ``REQUIRED_KV_FIELDS[NIXL]``. The blocks are a list per KV cache group.
 NIXL: Final = {
     "do_remote_prefill": True,
     "do_remote_decode": False,
+    "remote_block_ids": [[0, 1]],
     "remote_engine_id": "p0",
-    "remote_block_ids": [0, 1],
+    "remote_request_id": "chatcmpl-req-1",
     "remote_host": "p0.local",
     "remote_port": 5600,
+    "tp_size": 1,
+    "dcp_size": 1,
+    "pp_size": 1,
+    "remote_num_tokens": 23,
+    "remote_blocks_expiry_time": None,
+    "transfer_mode": "pull",
+    "remote_prefill_cached_tokens": 0,
 }
 
 #: A complete handoff under each contract, to drop one field from at a time.

@@ -1,0 +1,213 @@
+"""``vllm serve`` workers on vLLM's own ``NixlConnector`` (NIXL over UCX, host memory), and
+what proves that NIXL moved a request's KV: the decode's ``/metrics``.
+
+Each worker gets ``VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1`` and a side-channel port of its own
+(NIXL's default, 5600, would be every worker's), chosen with its HTTP port and chosen again
+with it. Its ``PYTHONPATH`` starts with ``nixl_site/``, whose ``sitecustomize`` is the
+test-environment switch for NIXL's progress thread: off in these tests (an idle worker's
+thread busy-polls a core, and there are two), unless the run's environment sets
+``PD_POLICY_TEST_NIXL_PROGRESS_THREAD`` itself (``on``: NIXL as shipped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+from http_peers import proxy, vllm_server
+from servers import Server, candidate_ports, running
+from tiny_models import TinyModel
+
+__all__ = [
+    "PROGRESS_THREAD", "SWITCH_MARK", "NixlCounters", "NixlPair", "NixlPairs", "Transfer",
+    "nixl_config", "nixl_counters", "nixl_server", "progress_thread_off",
+]  # fmt: skip
+
+#: Where the switch's ``sitecustomize`` is.
+NIXL_SITE: Final = Path(__file__).parent / "nixl_site"
+#: The switch (see ``nixl_site/sitecustomize.py``).
+PROGRESS_THREAD: Final = "PD_POLICY_TEST_NIXL_PROGRESS_THREAD"
+#: What the switch writes to a server's log when it takes effect.
+SWITCH_MARK: Final = "pd-policy test switch: NIXL agents without their progress thread"
+
+
+def nixl_config(role: str, connector: str = "NixlConnector") -> dict[str, Any]:
+    """A worker's ``--kv-transfer-config`` on ``connector`` in ``role``, its KV in host memory."""
+    return {"kv_connector": connector, "kv_role": role, "kv_buffer_device": "cpu"}
+
+
+def progress_thread_off() -> bool:
+    """Whether the servers started here run NIXL without its progress thread."""
+    return os.environ.get(PROGRESS_THREAD, "off") == "off"
+
+
+def nixl_server(
+    name: str,
+    model: TinyModel,
+    logs: Path,
+    role: str,
+    *,
+    connector: str = "NixlConnector",
+    language_model_only: bool = False,
+    limits: dict[str, int] | None = None,
+    extra: tuple[str, ...] = (),
+) -> Server:
+    """``vllm serve`` of ``model`` on ``connector`` in ``role``, not yet started."""
+    server = vllm_server(
+        name, model, logs, language_model_only=language_model_only,
+        kv_config=nixl_config(role, connector), limits=limits, extra=extra,
+    )  # fmt: skip
+    # Its HTTP port first, then its NIXL side channel's: both chosen again on a rebind.
+    server.ports = candidate_ports(2)
+    server.port_env = lambda ports: {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports[1])}
+    path = os.environ.get("PYTHONPATH")
+    server.env.update(
+        VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+        PYTHONPATH=os.pathsep.join([str(NIXL_SITE), *([path] if path else [])]),
+        **{PROGRESS_THREAD: "off" if progress_thread_off() else "on"},
+    )
+    return server
+
+
+@attrs.frozen
+class NixlCounters:
+    """A worker's NIXL counters (its ``/metrics``): transfers it completed, the bytes they
+    moved, and the transfers that failed. Subtracting two readings gives what happened in
+    between."""
+
+    transfers: float
+    bytes: float
+    failed: float
+
+    def __sub__(self, earlier: NixlCounters) -> NixlCounters:
+        return NixlCounters(
+            self.transfers - earlier.transfers,
+            self.bytes - earlier.bytes,
+            self.failed - earlier.failed,
+        )
+
+
+_COUNTERS: Final = {
+    "vllm:nixl_xfer_time_seconds_count": "transfers",
+    "vllm:nixl_bytes_transferred_sum": "bytes",
+    "vllm:nixl_num_failed_transfers_total": "failed",
+}
+
+
+def nixl_counters(url: str) -> NixlCounters:
+    """The NIXL counters of the vLLM server at ``url``, summed over its labels (0 for a
+    counter it has not published yet)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = dict.fromkeys(_COUNTERS.values(), 0.0)
+    for line in text.splitlines():
+        name = line.partition("{")[0].partition(" ")[0]
+        if name in _COUNTERS:
+            values[_COUNTERS[name]] += float(line.rsplit(" ", 1)[1])
+    return NixlCounters(**values)
+
+
+@attrs.frozen
+class NixlPair:
+    """A running P/D pair on one NIXL connector, and the proxy in front of it: a full-media
+    prefill (KV producer), which also answers as a full server when sent a plain request,
+    and a ``--language-model-only`` decode (KV consumer)."""
+
+    connector: str
+    prefill: str
+    decode: str
+    proxy: str
+    #: The prefill's and the decode's server (their logs).
+    servers: tuple[Server, Server]
+
+    @property
+    def baseline(self) -> str:
+        """A full server to match: the prefill, sent plain requests."""
+        return self.prefill
+
+    @property
+    def mover(self) -> str:
+        """The worker that posts the NIXL transfers, and counts them in its ``/metrics``:
+        the decode reads the blocks on pull, the prefill writes them on push."""
+        return self.prefill if self.connector == "NixlPushConnector" else self.decode
+
+
+class NixlPairs:
+    """One NIXL pair of ``model`` at a time (``get``): asking for another connector's pair
+    stops the running one first, so that a module that runs pull and push holds two vLLM
+    servers at once, never four. ``proxy_flags`` are the proxy's flags beyond its workers:
+    never ``--kv-mode``, which the proxy reads from the workers' ``/server_info``."""
+
+    def __init__(
+        self, model: TinyModel, root: Path, *, limits: dict[str, int],
+        extra: tuple[str, ...] = (), proxy_flags: tuple[str, ...] = (),
+    ) -> None:  # fmt: skip
+        self._model, self._root, self._limits = model, root, limits
+        self._extra, self._proxy_flags = extra, proxy_flags
+        self._stack = contextlib.ExitStack()
+        self._pair: NixlPair | None = None
+        #: How many pairs were started, by connector.
+        self.starts: dict[str, int] = {}
+
+    def get(self, connector: str) -> NixlPair:
+        """The running pair on ``connector``, started (the other one stopped) if need be."""
+        if self._pair is not None and self._pair.connector == connector:
+            return self._pair
+        self.close()
+        logs = self._root / connector
+        logs.mkdir(parents=True, exist_ok=True)
+        p = nixl_server("prefill", self._model, logs, "kv_producer", connector=connector,
+                        limits=self._limits, extra=self._extra)  # fmt: skip
+        d = nixl_server("decode", self._model, logs, "kv_consumer", connector=connector,
+                        language_model_only=True, extra=self._extra)  # fmt: skip
+        self._stack.enter_context(running([p, d]))
+        x = proxy(logs, p.url, [d.url], *self._proxy_flags)
+        self._stack.enter_context(running([x]))
+        self._pair = NixlPair(connector, p.url, d.url, x.url, (p, d))
+        self.starts[connector] = self.starts.get(connector, 0) + 1
+        return self._pair
+
+    def close(self) -> None:
+        """Stop the running pair and its proxy, if any."""
+        try:
+            self._stack.close()
+        finally:
+            self._pair = None
+
+
+class Transfer:
+    """The NIXL transfers of a pair during a ``with`` block, read from the ``/metrics`` of
+    the worker that posts them (``NixlPair.mover``) on entry and on exit: at least one
+    completed, none failed, more than no bytes moved (asserted on a clean exit). ``bytes``:
+    how many, once the block is left.
+
+    A push prefill counts a write when an engine step of its polls it, which may come
+    after the decode answered: the exit waits for the count (``WAIT`` seconds at most)."""
+
+    WAIT: Final = 30.0
+
+    def __init__(self, pair: NixlPair) -> None:
+        self._url = pair.mover
+        self._before = NixlCounters(0, 0, 0)
+        self.bytes = 0.0
+
+    def __enter__(self) -> Transfer:
+        self._before = nixl_counters(self._url)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is not None:
+            return
+        deadline = time.monotonic() + self.WAIT
+        delta = nixl_counters(self._url) - self._before
+        while delta.transfers < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            delta = nixl_counters(self._url) - self._before
+        assert delta.transfers >= 1 and delta.bytes > 0, delta
+        assert delta.failed == 0, delta
+        self.bytes = delta.bytes
