@@ -64,9 +64,13 @@ class RecordingKvRouting(KvRouting):
         self.lookups: list[Lookup | None] = []
 
     async def lookup(
-        self, placer: HttpPlacer, upstream: Upstream, headers: Mapping[str, str]
+        self,
+        placer: HttpPlacer,
+        upstream: Upstream,
+        headers: Mapping[str, str],
+        tensors: bool | None = None,
     ) -> Lookup | None:
-        found = await super().lookup(placer, upstream, headers)
+        found = await super().lookup(placer, upstream, headers, tensors)
         self.lookups.append(found)
         return found
 
