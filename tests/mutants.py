@@ -933,9 +933,16 @@ MUTANTS: Final = (
     Mutant(
         "a lookup renders a body whose remote media the proxy has not yet decided on",
         "pd_policy_vllm/http/fleet/kv_routing.py",
-        "            part.source in _UNREAD for part in media_parts(placer.body, media.rules)",
-        "            False for part in media_parts(placer.body, media.rules)",
+        "            or any(part.source in _UNREAD for part in media_parts(",
+        "            or any(False for part in media_parts(",
         ("tests/http/test_http_kv_routing.py",),
+    ),
+    Mutant(
+        "a lookup reads a completions body for chat media, and never renders it",
+        "pd_policy_vllm/http/fleet/kv_routing.py",
+        "        if placer.route is Route.CHAT and (",
+        "        if (",
+        _RENDER_ONCE,
     ),
     Mutant(
         "render once moves a NIXL push prefill leg off the decode leg's route",

@@ -57,6 +57,22 @@ def test_a_request_the_lookup_rendered_is_prefilled_from_that_render() -> None:
     run(main)
 
 
+def test_a_completions_prompt_is_looked_up_and_prefilled_from_its_render() -> None:
+    # Its render answers a list: of one prompt here.
+    async def main() -> None:
+        async with rig(2, TENSORS) as r:
+            body = {"model": "tiny", "prompt": "once upon a time " * 8, "max_tokens": 2}
+            async with r.session.post(r.url + "/v1/completions", json=body) as answer:
+                assert answer.status == 200
+            assert sum(p.renders for p in r.stubs.prefills) == 1 and legs(r) == (1, 0)
+            assert await r.metric("pd_policy_kv_routing_total", outcome="miss") == 1
+            (prefill,) = [p for p in r.stubs.prefills if p.generates]
+            assert prefill.last_generate is not None
+            assert len(prefill.last_generate["token_ids"]) == 1 + 4 * 8  # BOS, the words
+
+    run(main)
+
+
 @pytest.mark.parametrize(
     ("config", "flags", "tensors", "text_once"),
     [

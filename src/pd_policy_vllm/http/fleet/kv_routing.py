@@ -168,8 +168,10 @@ class KvRouting:
         if route is None or not renderers:
             return None
         media = placer.media
-        if media is None or any(
-            part.source in _UNREAD for part in media_parts(placer.body, media.rules)
+        # A completions prompt has no media part: only a chat body's are read here.
+        if placer.route is Route.CHAT and (
+            media is None
+            or any(part.source in _UNREAD for part in media_parts(placer.body, media.rules))
         ):
             return None  # remote media: the proxy's to fetch or refuse first
         member = min(renderers, key=lambda m: m.outstanding)
