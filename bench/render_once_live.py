@@ -5,7 +5,11 @@ one run, as ratios.
 
 The fleet and the trace are ``routing_live.py``'s: two full-vision tiny LLaVA prefills
 that publish their KV events and one ``--language-model-only`` decode, 47 chat requests,
-39 of them with an image. The KV-routing proxy (a process) replays the trace
+37 of them with one of four images (a conversation sends its image again every turn). A
+second trace is the same with every request's image a new one, which no processor cache
+holds: in the first, a prefill sent the client's body finds a repeated image processed
+in its cache (its render route keeps a cache of its own), so that only a new image is
+processed twice without render once. The KV-routing proxy (a process) replays each trace
 ``ROUNDS`` times each way, alternating, without render once first, each replay after the
 workers' prefix caches were emptied. Each request is streamed, one at a time, a tenth of
 a second apart: its time to first token is the client's wait for the first server-sent
@@ -14,8 +18,8 @@ prefill's process group (its API server and its engine core: ``utime + stime`` o
 process of the group, from ``/proc/<pid>/stat``) and of the proxy's is read: the
 prefills' CPU includes the lookup's render, which runs on a prefill either way. Which
 route each prefill leg took is read from the prefills' access logs, and the tokens the
-prefills served from their caches from the answers' usage: equal both ways, since
-render once names the blocks as the client's body does.
+prefills served from their caches from the answers' usage: equal both ways, since render
+once names the blocks as the client's body does.
 """
 
 from __future__ import annotations
@@ -127,43 +131,73 @@ def _summary(replays: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def compare(fleet: Any, proxy: Proxy, bodies: Sequence[Any]) -> dict[str, Any]:
-    """The trace replayed each way (``MODES``), ``ROUNDS`` times, alternating; each way's
-    figures, the ratios of render once's to the other's, and the prefills' idle CPU."""
+def new_images(
+    bodies: Sequence[dict[str, Any]], picture: Callable[[int], str], replay: int
+) -> list[dict[str, Any]]:
+    """``bodies`` with every image a new one (``picture(seed)``: a data URL), none seen in
+    another replay (``replay``: its number): no worker's processor cache holds it."""
+    out = []
+    for number, body in enumerate(bodies):
+        seed = 10_000 + 1_000 * replay + number
+        messages = [
+            {**m, "content": [{**part, "image_url": {"url": picture(seed)}}
+                              if part.get("type") == "image_url" else part
+                              for part in m["content"]]}
+            if isinstance(m["content"], list) else m
+            for m in body["messages"]
+        ]  # fmt: skip
+        out.append({**body, "messages": messages})
+    return out
+
+
+def compare(
+    fleet: Any, proxy: Proxy, traces: dict[str, Callable[[int], Sequence[Any]]]
+) -> dict[str, Any]:
+    """Each trace (by name: its bodies for a replay's number) replayed each way
+    (``MODES``), ``ROUNDS`` times, alternating; each way's figures, the ratios of render
+    once's to the other's, and the prefills' idle CPU."""
     prefills = [fleet.pids[name] for name in fleet.prefills]
     idle = sum(group_cpu(p) for p in prefills)
     time.sleep(2.0)
     idle = (sum(group_cpu(p) for p in prefills) - idle) / 2.0
-    replays: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
-    for _ in range(ROUNDS):
-        for mode in reversed(MODES):  # without render once first
-            replays[mode].append(replay(fleet, proxy, MODES[mode], bodies))
-    ways = {mode: _summary(replays[mode]) for mode in MODES}
-    once, again = ways["rendered once"], ways["rendered again"]
-    ratios = {key: round(once[key] / again[key], 3) for key in
-              ("ttft_ms_p50", "ttft_ms_mean", "prefill_cpu_ms", "proxy_cpu_ms")}  # fmt: skip
-    return {"ways": ways, "ratios": ratios, "rounds": ROUNDS,
+    results, number = {}, 0
+    for name, bodies in traces.items():
+        replays: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+        for _ in range(ROUNDS):
+            for mode in reversed(MODES):  # without render once first
+                replays[mode].append(replay(fleet, proxy, MODES[mode], bodies(number)))
+                number += 1
+        ways = {mode: _summary(replays[mode]) for mode in MODES}
+        once, again = ways["rendered once"], ways["rendered again"]
+        ratios = {key: round(once[key] / again[key], 3) for key in
+                  ("ttft_ms_p50", "ttft_ms_mean", "prefill_cpu_ms", "proxy_cpu_ms")}  # fmt: skip
+        results[name] = {"ways": ways, "ratios": ratios}
+    return {"traces": results, "rounds": ROUNDS,
             "idle_prefill_cpu_ms_per_s": round(idle * 1e3, 1)}  # fmt: skip
 
 
 def table(results: dict[str, Any]) -> str:
     """The render-once rows of docs/performance.md's live routing block."""
     lines = [
-        "| KV routing | prefill legs: generate / chat | TTFT p50 | TTFT mean "
+        "| trace | KV routing | prefill legs: generate / chat | TTFT p50 | TTFT mean "
         "| prefill CPU a request | proxy CPU a request | cached tokens |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    for mode, row in results["ways"].items():
-        legs = row["prefill_legs"]
-        lines.append(f"| {mode} | {legs['generate']} / {legs['chat']} | {row['ttft_ms_p50']} ms "
-                     f"| {row['ttft_ms_mean']} ms | {row['prefill_cpu_ms']} ms "
-                     f"| {row['proxy_cpu_ms']} ms | {row['cached_tokens']:,} |")  # fmt: skip
-    r = results["ratios"]
-    lines.append(f"| ratio (once ÷ again) | | {r['ttft_ms_p50']:.3f} | {r['ttft_ms_mean']:.3f} "
-                 f"| {r['prefill_cpu_ms']:.3f} | {r['proxy_cpu_ms']:.3f} | |")  # fmt: skip
+    for name, trace in results["traces"].items():
+        for mode, row in trace["ways"].items():
+            legs = row["prefill_legs"]
+            lines.append(f"| {name} | {mode} | {legs['generate']} / {legs['chat']} "
+                         f"| {row['ttft_ms_p50']} ms | {row['ttft_ms_mean']} ms "
+                         f"| {row['prefill_cpu_ms']} ms | {row['proxy_cpu_ms']} ms "
+                         f"| {row['cached_tokens']:,} |")  # fmt: skip
+        r = trace["ratios"]
+        lines.append(f"| {name} | **ratio** (once ÷ again) | | **{r['ttft_ms_p50']:.3f}** "
+                     f"| **{r['ttft_ms_mean']:.3f}** | **{r['prefill_cpu_ms']:.3f}** "
+                     f"| {r['proxy_cpu_ms']:.3f} | |")  # fmt: skip
     idle = results["idle_prefill_cpu_ms_per_s"]
-    lines += ["", f"Each way {results['rounds']} replays of the trace, alternating, caches "
-              "emptied before each, requests streamed one at a time; prefill CPU: both "
-              "prefills' process groups (the lookup's render included), read around each "
+    lines += ["", f"Each trace, each way: {results['rounds']} replays, alternating, caches "
+              "emptied before each, requests streamed one at a time (\"every image new\": the "
+              "trace with each request's image replaced by one no replay saw). Prefill CPU: "
+              "both prefills' process groups, the lookup's render included, read around each "
               f"request (idle, they use {idle} ms a second)."]  # fmt: skip
     return "\n".join(lines)

@@ -32,7 +32,7 @@ import re
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -240,6 +240,11 @@ def measure() -> dict[str, Any]:
     import tiny_models  # type: ignore[import-not-found]
 
     bodies = make_trace(http_peers.data_url, router_side.image)
+
+    def picture(seed: int) -> str:
+        url: str = http_peers.data_url(router_side.image(seed))
+        return url
+
     began = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         model = tiny_models.build_llava(Path(tmp) / "llava")
@@ -249,7 +254,11 @@ def measure() -> dict[str, Any]:
             results = {name: run_policy(fleet, servers, flags, bodies)
                        for name, flags in POLICIES.items()}  # fmt: skip
             proxy = partial(running_proxy, fleet, servers)
-            once = render_once_live.compare(fleet, proxy, bodies)
+            fresh = partial(render_once_live.new_images, bodies, picture)
+            traces: dict[str, Callable[[int], Sequence[Any]]] = {
+                "the trace": lambda _: bodies, "every image new": fresh,
+            }  # fmt: skip
+            once = render_once_live.compare(fleet, proxy, traces)
     rates = [results[name]["hit_rate"] for name in POLICIES]
     prompt = results["KV routing"]["prompt_tokens"]
     return {
