@@ -18,8 +18,11 @@ rate (cached ÷ prompt tokens, the prefills' own accounting), TTFT p50 and p99 (
 side: a request of one token, not streamed, whose decode answers at once: its latency),
 the load imbalance (max ÷ mean requests per prefill) and each prefill's busy share.
 A render answers each image's processed tensor as vLLM does unless asked
-``mm_payload: "none"`` (``TENSOR_BYTES`` of LLaVA-1.5's pixel values, base64). One more
-run, informative, is the KV router with a looser load bound (``KV_LOOSE``).
+``mm_payload: "none"`` (``TENSOR_BYTES`` of LLaVA-1.5's pixel values, base64). The
+proxies run with ``--no-render-once``: a stand-in processes nothing, so what sending the
+prefill leg from the lookup's render saves it cannot show (``bench/routing_live.py``
+measures it on live workers). One more run, informative, is the KV router with a looser
+load bound (``KV_LOOSE``).
 Writes ``bench/routing.json`` and the table of ``docs/performance.md``.
 
 Run: ``python bench/routing.py [--quick] [--no-docs]``.

@@ -87,8 +87,10 @@ def stub_fleet(args: Sequence[str]) -> Iterator[Fleet]:
 @contextlib.contextmanager
 def proxy(fleet: Fleet, at: int, flags: Sequence[str]) -> Iterator[str]:
     """``pd-policy-proxy`` in front of ``fleet`` on port ``at``, with ``flags``."""
+    # A stand-in processes nothing: what rendering once saves a prefill it cannot show, so
+    # it is measured on live workers (routing_live.py), and off here.
     argv = [sys.executable, "-m", "pd_policy_vllm.http.cli", "--port", str(at), "--no-mrope",
-            "--no-access-log", *flags]  # fmt: skip
+            "--no-access-log", "--no-render-once", *flags]  # fmt: skip
     for url in fleet["prefills"]:
         argv += ["--prefill", url]
     for url in fleet["decodes"]:

@@ -32,11 +32,14 @@ import re
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
+import render_once_live
 
 from pd_policy.cache.kv_blocks import BlockHasher, MmSpan, external_hash
 from pd_policy.tools.tables import splice
@@ -166,21 +169,23 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def run_policy(
-    fleet: Any, servers: Any, flags: Sequence[str], bodies: Sequence[Any]
-) -> dict[str, Any]:
-    """Replay ``bodies`` through a proxy with ``flags`` in front of ``fleet`` (a
-    ``kv_fleet.KvFleet``; ``servers`` is ``tests/vllm/servers.py``), its caches emptied
-    first; the policy's figures."""
-    fleet.reset_prefix_caches()
+def _log(fleet: Any, flags: Sequence[str]) -> Path:
+    log: Path = fleet.logs / f"proxy{'-'.join(flags)}.log"
+    return log
+
+
+@contextmanager
+def running_proxy(fleet: Any, servers: Any, flags: Sequence[str]) -> Iterator[tuple[str, int]]:
+    """A ``pd-policy-proxy`` process with ``flags`` in front of ``fleet`` (a
+    ``kv_fleet.KvFleet``; ``servers`` is ``tests/vllm/servers.py``), its KV feeds synced
+    when it routes by them: its URL and process id while the block runs."""
     argv = ["-m", "pd_policy_vllm.http.cli", "--no-mrope", *flags]
     for prefill in fleet.prefills.values():
         argv += ["--prefill", prefill]
     argv += ["--decode", fleet.decode]
-    log = fleet.logs / f"proxy{'-'.join(flags)}.log"
     # Its port the server's to choose (and to choose again, when another process took it).
     server = servers.Server(
-        "proxy", lambda ports: [*argv, "--port", str(ports[0])], log,
+        "proxy", lambda ports: [*argv, "--port", str(ports[0])], _log(fleet, flags),
         lambda started: _healthy(started.url), ports=servers.candidate_ports(1),
     )  # fmt: skip
     with servers.running([server]):
@@ -190,6 +195,17 @@ def run_policy(
             # Both feeds read before the first request.
             assert time.monotonic() < deadline, "the proxy's KV feeds are not synced"
             time.sleep(0.2)
+        yield url, server.pid
+
+
+def run_policy(
+    fleet: Any, servers: Any, flags: Sequence[str], bodies: Sequence[Any]
+) -> dict[str, Any]:
+    """Replay ``bodies`` through a proxy with ``flags`` in front of ``fleet`` (a
+    ``kv_fleet.KvFleet``; ``servers`` is ``tests/vllm/servers.py``), its caches emptied
+    first; the policy's figures."""
+    fleet.reset_prefix_caches()
+    with running_proxy(fleet, servers, flags) as (url, _):
         prompt = cached = 0
         began = time.monotonic()
         for body in bodies:
@@ -199,6 +215,7 @@ def run_policy(
             time.sleep(0.1)
         seconds = time.monotonic() - began
         metrics = scrape(url)
+    log = _log(fleet, flags)
     names = {prefill.rstrip("/"): name for name, prefill in fleet.prefills.items()}
     spread = dict.fromkeys(fleet.prefills, 0)
     for line in log.read_text(errors="replace").splitlines():
@@ -223,6 +240,11 @@ def measure() -> dict[str, Any]:
     import tiny_models  # type: ignore[import-not-found]
 
     bodies = make_trace(http_peers.data_url, router_side.image)
+
+    def picture(seed: int) -> str:
+        url: str = http_peers.data_url(router_side.image(seed))
+        return url
+
     began = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         model = tiny_models.build_llava(Path(tmp) / "llava")
@@ -231,6 +253,12 @@ def measure() -> dict[str, Any]:
             bound = one_cache_bound(fleet.prefills["p1"], bodies)
             results = {name: run_policy(fleet, servers, flags, bodies)
                        for name, flags in POLICIES.items()}  # fmt: skip
+            proxy = partial(running_proxy, fleet, servers)
+            fresh = partial(render_once_live.new_images, bodies, picture)
+            traces: dict[str, Callable[[int], Sequence[Any]]] = {
+                "the trace": lambda _: bodies, "every image new": fresh,
+            }  # fmt: skip
+            once = render_once_live.compare(fleet, proxy, traces)
     rates = [results[name]["hit_rate"] for name in POLICIES]
     prompt = results["KV routing"]["prompt_tokens"]
     return {
@@ -240,6 +268,7 @@ def measure() -> dict[str, Any]:
         "startup_seconds": round(started, 1),
         "total_seconds": round(time.monotonic() - began, 1),
         "trace": {"seed": SEED, "requests": len(bodies), "block_size": BLOCK},
+        "render_once": once,
     }
 
 
@@ -272,6 +301,7 @@ def table(results: dict[str, Any]) -> str:
               f"robin {order}. Model built and workers started in "
               f"{results['startup_seconds']} s; the whole run took "
               f"{results['total_seconds']} s."]  # fmt: skip
+    lines += ["", render_once_live.table(results["render_once"])]
     return "\n".join(lines)
 
 

@@ -7,19 +7,22 @@ A prefill stand-in serves what a router reads of a vLLM prefill: ``/health``,
 on vLLM's own ``ZmqEventPublisher``, bound on ``tcp://*:PORT`` with a replay socket),
 the scale-out render routes (the toy tokenizer's prompt,
 [`kv_stub_prompt`][kv_stub_prompt], with each image's processed tensor unless the body
-asks ``mm_payload: "none"``, as vLLM does), and the chat and completions routes, which
-it serves one request at a time: each waits for the ones before it, then takes ``base +
-per_token x`` its uncached tokens (asleep), then its blocks enter the bounded LRU cache
-([`kv_stub_cache`][kv_stub_cache]) and a batch of events says what was stored and
-evicted. Its answer is a vLLM prefill's: ``prompt_token_ids`` when asked, the NIXL
-``kv_transfer_params`` when asked, and ``usage.prompt_tokens_details.cached_tokens``. A
-decode stand-in (language-model-only, NIXL consumer) answers at once.
+asks ``mm_payload: "none"``, as vLLM does), and the chat, completions and scale-out
+generate routes (a rendered request: an item without its tensors is refused, since vLLM
+would read it as cached), which it serves one request at a time: each waits for the
+ones before it, then takes ``base + per_token x`` its uncached tokens (asleep), then its
+blocks enter the bounded LRU cache ([`kv_stub_cache`][kv_stub_cache]) and a batch of
+events says what was stored and evicted. Its answer is a vLLM prefill's:
+``prompt_token_ids`` when asked, the NIXL ``kv_transfer_params`` when asked, and
+``usage.prompt_tokens_details.cached_tokens``. A decode stand-in (language-model-only,
+NIXL consumer) answers at once.
 
 Each stand-in records every request it served
 ([`Record`][kv_stub_worker.Record]: prompt and cached tokens, queue wait, service time) and
 counts the renders it was asked for (an empty body, the proxy's probe of the route, is
-not one), keeping the last one's body (``last_render``); ``render_override`` makes it
-answer every render with a status and JSON of the test's. ``GET /stub/stats`` gives the
+not one), keeping the last one's body (``last_render``), and the generate requests
+(``generates``, ``last_generate``); ``render_override`` makes it answer every render
+with a status and JSON of the test's. ``GET /stub/stats`` gives the
 records, ``POST /stub/reset`` drops them and the cache, publishing ``AllBlocksCleared``.
 
 In a test: ``async with kv_stubs(2, 1, StubConfig(...)) as fleet: fleet.prefills[0].url``.

@@ -11,7 +11,9 @@ named by the image's hash. Any deterministic tokenizer does; this one is:
 - an ``image_url`` part whose URL is a ``data:`` URL (base64) is ``image_tokens``
   placeholder ids (``IMAGE``), named by the part's ``uuid`` when it has one (as vLLM
   names it), else by the SHA-256 (hex) of the URL's decoded bytes;
-- a completions prompt is ``BOS`` and its words, or its token ids as they are.
+- a completions prompt is ``BOS`` and its words, or its token ids as they are;
+- a scale-out generate request (a rendered request) is its ids, each item named by its
+  hash at its placeholder.
 
 Anything else (a remote URL, another part type, a salt vLLM refuses) is the client's
 error: [`PromptError`][kv_stub_prompt.PromptError], a 400.
@@ -33,7 +35,14 @@ from pd_policy import MalformedRequest
 from pd_policy.cache.kv_blocks import MmSpan
 from pd_policy_vllm.openai.plan.request import check_cache_salt
 
-__all__ = ["Prompt", "PromptError", "chat_prompt", "completion_prompts", "render_answer"]
+__all__ = [
+    "Prompt",
+    "PromptError",
+    "chat_prompt",
+    "completion_prompts",
+    "generate_prompt",
+    "render_answer",
+]
 
 BOS: Final = 1
 ROLES: Final = {"system": 2, "user": 3, "assistant": 4, "tool": 5}
@@ -125,6 +134,31 @@ def completion_prompts(body: Mapping[str, Any]) -> list[Prompt]:
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         return [Prompt((BOS, *_words(p)), (), salt) for p in prompt]
     raise PromptError("prompt is neither text nor token ids")
+
+
+def generate_prompt(body: Mapping[str, Any]) -> Prompt:
+    """The prompt of a scale-out generate ``body`` (a rendered request): its ids, and each
+    item named by its hash at its placeholder. An item without its processed tensors is
+    refused: vLLM's generate route would read it as one its cache holds. Raises
+    [`PromptError`][kv_stub_prompt.PromptError]."""
+    ids = body.get("token_ids")
+    if not (isinstance(ids, list) and ids and all(type(t) is int and t >= 0 for t in ids)):
+        raise PromptError("token_ids is not a list of token ids")
+    features, items = body.get("features"), []
+    if features is not None:
+        try:
+            for modality, names in features["mm_hashes"].items():
+                places, tensors = features["mm_placeholders"][modality], features["kwargs_data"]
+                if not all(tensors[modality]):
+                    raise PromptError("an item has no processed tensors")
+                for name, place in zip(names, places, strict=True):
+                    items.append(MmSpan(name, place["offset"], place["length"]))
+        except PromptError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise PromptError("features do not describe the items") from None
+    items.sort(key=lambda item: item.offset)
+    return Prompt(tuple(ids), tuple(items), _salt(body))
 
 
 def _features(prompt: Prompt, tensors: Sequence[str | None] | None) -> dict[str, Any] | None:

@@ -49,17 +49,18 @@ def tensor(data: bytes, size: int) -> str:
 
 def server_config(
     name: str, prefill: bool, *, model: str, block_size: int, algo: HashAlgo, events: int,
-    replay: int,
+    replay: int, connector: str = "NixlConnector",
 ) -> dict[str, Any]:  # fmt: skip
     """The ``vllm_config`` of ``/server_info``: a NIXL producer (a prefill, full vision,
     publishing its KV events on ``tcp://*:events`` with a replay socket on ``replay``)
-    or a NIXL consumer (a language-model-only decode), prefix caching on."""
+    or a NIXL consumer (a language-model-only decode), prefix caching on; ``connector``
+    names the NIXL connector (``NixlPushConnector``: push)."""
     config: dict[str, Any] = {
         "model_config": {"model": model, "multimodal_config": {"language_model_only": not prefill}},
         "cache_config": {"block_size": block_size, "enable_prefix_caching": True,
                          "prefix_caching_hash_algo": algo.value},
         "parallel_config": {"data_parallel_size": 1},
-        "kv_transfer_config": {"kv_connector": "NixlConnector", "engine_id": name,
+        "kv_transfer_config": {"kv_connector": connector, "engine_id": name,
                                "kv_role": "kv_producer" if prefill else "kv_consumer"},
     }  # fmt: skip
     if prefill:

@@ -16,7 +16,14 @@ from vllm.distributed.kv_events import AllBlocksCleared, KVEventBatch, ZmqEventP
 
 from kv_publisher import bound_publisher
 from kv_stub_cache import BlockCache, chain_of
-from kv_stub_prompt import Prompt, PromptError, chat_prompt, completion_prompts, render_answer
+from kv_stub_prompt import (
+    Prompt,
+    PromptError,
+    chat_prompt,
+    completion_prompts,
+    generate_prompt,
+    render_answer,
+)
 from kv_stub_wire import (
     completion,
     error,
@@ -36,7 +43,8 @@ class StubConfig:
     """What every stand-in of a fleet is: its block size and hash algorithm, its cache's
     ``capacity`` in blocks, each image's placeholder tokens, its prefill time (``base``
     seconds a request, ``per_token`` seconds an uncached token), the bytes of the
-    processed tensor a render returns per image (0: none), and its model's name."""
+    processed tensor a render returns per image (0: none), its model's name, and the KV
+    connector its ``/server_info`` names."""
 
     block_size: int = 16
     algo: HashAlgo = HashAlgo.SHA256
@@ -46,6 +54,7 @@ class StubConfig:
     per_token: float = 0.0
     tensor_bytes: int = 0
     model: str = "tiny"
+    connector: str = "NixlConnector"
 
 
 @attrs.frozen(slots=True)
@@ -74,6 +83,9 @@ class KvStub:
         self.last_render: Mapping[str, Any] | None = None
         #: Answer every render with this status and JSON (a hostile or broken worker).
         self.render_override: tuple[int, Any] | None = None
+        #: The requests it served on the scale-out generate route, and the last one's body.
+        self.generates = 0
+        self.last_generate: Mapping[str, Any] | None = None
         self.records: list[Record] = []
         self.cache = BlockCache(config.capacity)
         self.hasher = BlockHasher(config.block_size, config.algo)
@@ -94,6 +106,7 @@ class KvStub:
         add.add_post("/v1/completions/render", self.render)
         add.add_post("/v1/chat/completions", self.generate)
         add.add_post("/v1/completions", self.generate)
+        add.add_post("/inference/v1/generate", self.generate)
         add.add_get("/stub/stats", self.stats)
         add.add_post("/stub/reset", self.reset)
         return app
@@ -124,7 +137,7 @@ class KvStub:
         c = self.config
         config = server_config(self.name, self.role == "prefill", model=c.model,
                                block_size=c.block_size, algo=c.algo, events=self.events_port,
-                               replay=self.replay_port)  # fmt: skip
+                               replay=self.replay_port, connector=c.connector)  # fmt: skip
         return web.json_response({"vllm_config": config, "vllm_env": {}})
 
     async def _body(self, request: web.Request) -> Mapping[str, Any] | None:
@@ -135,6 +148,9 @@ class KvStub:
         return body if isinstance(body, dict) else None
 
     def _prompts(self, request: web.Request, body: Mapping[str, Any]) -> list[Prompt]:
+        if request.path == "/inference/v1/generate":
+            self.generates, self.last_generate = self.generates + 1, body
+            return [generate_prompt(body)]
         if request.path.startswith("/v1/chat/"):
             prompt, images = chat_prompt(body, self.config.image_tokens)
             for item, data in zip(prompt.items, images, strict=True):
@@ -211,13 +227,14 @@ class KvStub:
         handoff = None
         if self.role == "prefill" and isinstance(asked, dict) and asked.get("do_remote_decode"):
             handoff = (-(-len(prompt.token_ids) // self.config.block_size), self.replay_port)
-        chat = request.path.startswith("/v1/chat/")
+        # A generate answer has its prompt ids at the top, as a chat answer does.
+        chat = not request.path.startswith("/v1/completions")
         return completion(self.name, body, prompt, chat=chat, cached=cached, handoff=handoff)
 
     def stats_json(self) -> dict[str, Any]:
         """What ``GET /stub/stats`` answers."""
         return {"name": self.name, "role": self.role, "url": self.url,
-                "renders": self.renders, "blocks": len(self.cache),
+                "renders": self.renders, "generates": self.generates, "blocks": len(self.cache),
                 "records": [attrs.asdict(r) for r in self.records]}  # fmt: skip
 
     async def stats(self, request: web.Request) -> web.Response:
@@ -229,6 +246,7 @@ class KvStub:
         self.publish(AllBlocksCleared())
         self.records.clear()
         self.renders, self.last_render = 0, None
+        self.generates, self.last_generate = 0, None
 
     async def reset(self, request: web.Request) -> web.Response:
         self.clear()

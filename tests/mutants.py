@@ -50,6 +50,11 @@ _CHOICE: Final = ("tests/test_balance.py", "tests/test_roster.py", "tests/test_p
 #: The KV wires: the core's table and selection, and the proxy over described stand-ins.
 _WIRES_CORE: Final = ("tests/test_connectors.py", "tests/test_selection.py")
 _WIRES_HTTP: Final = ("tests/http/test_http_wires.py",)
+#: Render once: the plan's choice, and through the proxy over KV stand-ins.
+_RENDER_ONCE: Final = (
+    "tests/http/test_http_render_once.py",
+    "tests/http/test_http_render_once_proxy.py",
+)
 MUTANTS: Final = (
     Mutant(
         "the seed's policy imports a sub-package",
@@ -928,9 +933,72 @@ MUTANTS: Final = (
     Mutant(
         "a lookup renders a body whose remote media the proxy has not yet decided on",
         "pd_policy_vllm/http/fleet/kv_routing.py",
-        "            part.source in _UNREAD for part in media_parts(placer.body, media.rules)",
-        "            False for part in media_parts(placer.body, media.rules)",
+        "            or any(part.source in _UNREAD for part in media_parts(",
+        "            or any(False for part in media_parts(",
         ("tests/http/test_http_kv_routing.py",),
+    ),
+    Mutant(
+        "a lookup reads a completions body for chat media, and never renders it",
+        "pd_policy_vllm/http/fleet/kv_routing.py",
+        "        if placer.route is Route.CHAT and (",
+        "        if (",
+        _RENDER_ONCE,
+    ),
+    Mutant(
+        "render once moves a NIXL push prefill leg off the decode leg's route",
+        "pd_policy_vllm/openai/plan/render_once.py",
+        "        check_leg_routes(plan.handoff.mode, GENERATE, decode_route)\n",
+        "        pass\n",
+        _RENDER_ONCE,
+    ),
+    Mutant(
+        "render once takes a render without every item's processed tensors",
+        "pd_policy_vllm/openai/plan/render_once.py",
+        '            raise _bad(f"does not carry every {modality}\'s processed tensors")',
+        "            pass",
+        _RENDER_ONCE,
+    ),
+    Mutant(
+        "render once takes a render whose media the generate route would expand again",
+        "pd_policy_vllm/openai/plan/render_once.py",
+        '    if answer.get("content_parts") is not None:',
+        "    if False:",
+        _RENDER_ONCE,
+    ),
+    Mutant(
+        "render once takes a render for an item the proxy did not fetch",
+        "pd_policy_vllm/openai/plan/render_once.py",
+        "    if plan.epd or plan.uncached or not serves_generate:",
+        "    if plan.epd or not serves_generate:",
+        _RENDER_ONCE,
+    ),
+    Mutant(
+        "render once sends a generate leg to a prefill without the scale-out routes",
+        "pd_policy_vllm/openai/plan/render_once.py",
+        "    if plan.epd or plan.uncached or not serves_generate:",
+        "    if plan.epd or plan.uncached:",
+        _RENDER_ONCE,
+    ),
+    Mutant(
+        "the lookup's render carries no tensors for a plan rendered once",
+        "pd_policy_vllm/openai/plan/render_once.py",
+        "    return mrope or (render_once and any(not mode.legs_share_route for mode in modes))",
+        "    return mrope",
+        _RENDER_ONCE,
+    ),
+    Mutant(
+        "the lookup's render carries tensors under NIXL push, where no plan takes them",
+        "pd_policy_vllm/openai/plan/render_once.py",
+        "    return mrope or (render_once and any(not mode.legs_share_route for mode in modes))",
+        "    return mrope or render_once",
+        _RENDER_ONCE,
+    ),
+    Mutant(
+        "the proxy renders once under --no-render-once",
+        "pd_policy_vllm/http/planning.py",
+        "        if not render_once:\n            return plan\n",
+        "",
+        _RENDER_ONCE,
     ),
     Mutant(
         "a lookup renders a request the policy refuses",

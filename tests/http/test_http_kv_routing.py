@@ -103,7 +103,9 @@ async def rig(prefills: int = 2, config: StubConfig = CONFIG, *flags: str) -> As
         argv += ["--decode", stubs.decodes[0].url, "--kv-routing", "--balance", "round_robin"]
         args = parser().parse_args([*argv, *flags])
         fleet = await read_fleet(args)
-        proxy = Proxy(fleet=fleet, mrope=False, kv_routing=kv_routing(args))
+        proxy = Proxy(
+            fleet=fleet, mrope=False, kv_routing=kv_routing(args), render_once=args.render_once
+        )
         async with serving(proxy.app()) as url, aiohttp.ClientSession() as session:
             made = Rig(url, stubs, proxy, session)
             routing = proxy.kv_routing
@@ -211,6 +213,7 @@ def test_a_hostile_or_failing_render_costs_the_prediction_never_the_request() ->
                 assert status == 200, (answer, body)
             fallbacks = await r.metric("pd_policy_kv_routing_total", outcome="fallback")
             assert fallbacks == len(hostile)
+            assert sum(p.generates for p in r.stubs.prefills) == 0  # nothing rendered once
             assert await r.metric("pd_policy_kv_routing_total", outcome="hit") == 0
 
     run(main)
@@ -271,11 +274,11 @@ def test_the_flags_set_kv_routing_and_refuse_an_index_bound_below_one(
     assert err.count("\n") == 1 and "--kv-index-blocks" in err
 
 
-def test_the_lookup_asks_its_render_for_no_tensors() -> None:
+def test_the_lookup_asks_its_render_for_no_tensors_when_no_plan_takes_it() -> None:
     # A render answers each image's processed pixels by default: megabytes the lookup,
     # which reads ids, hashes and places, would only parse and drop.
     async def main() -> None:
-        async with rig() as r:
+        async with rig(2, CONFIG, "--no-render-once") as r:
             assert (await r.post(chat("describe it", image=PNG_X)))[0] == 200
             (asked,) = [p.last_render for p in r.stubs.prefills if p.last_render is not None]
             assert asked["mm_payload"] == "none" and asked["messages"][1]["content"][0]

@@ -52,11 +52,14 @@ def hash_seed() -> str | None:
 
 @attrs.frozen
 class KvFleet:
-    """The prefills' URLs by name (``p1``, ``p2``), the decode's, and where they log."""
+    """The prefills' URLs by name (``p1``, ``p2``), the decode's, where they log, and each
+    server's process id by name (``p1``, ``p2``, ``decode``: each leads its process group,
+    its engine core among its children)."""
 
     prefills: dict[str, str]
     decode: str
     logs: Path
+    pids: dict[str, int] = attrs.field(factory=dict)
 
     def reset_prefix_caches(self) -> None:
         """Empty every worker's prefix cache (``POST /reset_prefix_cache``, a dev-mode
@@ -89,4 +92,5 @@ def kv_fleet(model: TinyModel, root: Path) -> Iterator[KvFleet]:
         kv_config=connector("kv_consumer", transfers), extra=_DETAILS,
     )  # fmt: skip
     with running([*prefills.values(), decode]):
-        yield KvFleet({name: s.url for name, s in prefills.items()}, decode.url, root)
+        pids = {name: s.pid for name, s in [*prefills.items(), ("decode", decode)]}
+        yield KvFleet({name: s.url for name, s in prefills.items()}, decode.url, root, pids)

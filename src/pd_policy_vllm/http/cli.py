@@ -297,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             media_limits=media_limits(args),
             request_timeout=args.request_timeout,
             kv_routing=kv_routing(args),
+            render_once=args.render_once,
         )
 
     if args.processes > 1:

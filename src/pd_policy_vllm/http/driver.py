@@ -97,7 +97,8 @@ class Driver:
             async with asyncio.timeout(self.deadline) as deadline:
                 if self.kv is not None:
                     # What each prefill's cache holds of the request, before it is placed.
-                    attempt.lookup = await self.kv.lookup(placer, upstream, headers)
+                    tensors = self.planning.lookup_tensors(fleet)
+                    attempt.lookup = await self.kv.lookup(placer, upstream, headers, tensors)
                     if attempt.lookup is not None:
                         placer.cached = attempt.lookup.cached
                 action = settle(fleet, exchange.handle(Begin()))

@@ -197,6 +197,14 @@ def parser() -> argparse.ArgumentParser:
         default=1 << 20,
         help="the block hashes kept per prefill for KV routing (1048576: 8 MiB or so each)",
     )
+    add(
+        "--no-render-once",
+        dest="render_once",
+        action="store_false",
+        help="with --kv-routing, send the prefill the client's body even when the lookup "
+        "rendered it (by default its prefill leg is token-in from that render, to the "
+        "prefill's /inference/v1/generate, where the connector allows)",
+    )
     add_limit_flags(cli)
     add("--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers")
     add(

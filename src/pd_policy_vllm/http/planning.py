@@ -19,13 +19,14 @@ from pd_policy.exchange.events import Event, PlanFailed
 from pd_policy.exchange.events import Plan as PlanAction
 from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.attempt import Attempt
-from pd_policy_vllm.http.fleet.members import Member
+from pd_policy_vllm.http.fleet.members import Fleet, Member
 from pd_policy_vllm.http.fleet.routing import Chosen
 from pd_policy_vllm.http.front_door import Incoming
 from pd_policy_vllm.http.media.fetch import Budget, RemoteMedia, refuse_remote_media
 from pd_policy_vllm.http.media.guard import MediaLimits
 from pd_policy_vllm.http.media.pinning import Fetches, fetch_budget, pin_remote_media
 from pd_policy_vllm.openai.plan.events import planned
+from pd_policy_vllm.openai.plan.render_once import plan_render_once, render_tensors
 from pd_policy_vllm.openai.plan.request import Route
 from pd_policy_vllm.openai.plan.steps import STRIPPED, Plan, plan_rendered, plan_request
 from pd_policy_vllm.openai.workers import HttpWorker
@@ -41,23 +42,36 @@ def remote_media_for(mode: RemoteMedia | None, prefill: Member) -> RemoteMedia:
     return RemoteMedia.FETCH if prefill.worker.media.rules.known else RemoteMedia.UNCACHED
 
 
-def _rendered_before(plan: Plan[Member], attempt: Attempt, chosen: Chosen) -> Plan[Member]:
-    # The M-RoPE metadata path renders on the prefill first: a request the KV-event lookup
-    # rendered already (the same body, under the same media settings) is not rendered
-    # twice. E/P/D renders on its encoder, whose failure is the encoder's: left as it is.
+def _rendered_before(
+    plan: Plan[Member], attempt: Attempt, chosen: Chosen, render_once: bool
+) -> Plan[Member]:
+    # A request the KV-event lookup rendered already (the same body, on the same route,
+    # under the same media settings) is not rendered twice: the M-RoPE metadata path takes
+    # the render it would ask the prefill for, and with ``render_once`` any other plan
+    # sends its prefill leg as token-in from it (render_once's rules). E/P/D renders on its
+    # encoder, whose failure is the encoder's: left as it is.
     lookup = attempt.lookup
     if (
-        plan.render is None
-        or plan.epd
-        or lookup is None
+        lookup is None
         or lookup.rendered is None
-        or lookup.route is not Route.CHAT
+        or lookup.route is not plan.route
         or plan.body is not attempt.incoming.body
         or chosen.request is None
     ):
         return plan
+    incoming = attempt.incoming
     try:
-        return plan_rendered(plan, lookup.rendered)
+        if plan.render is not None:
+            metadata = not plan.epd and plan.route is Route.CHAT
+            return plan_rendered(plan, lookup.rendered) if metadata else plan
+        if not render_once:
+            return plan
+        # Another API planned as chat sends its decode leg to its own route.
+        decode_route = incoming.path if incoming.translate is not None else plan.route.value
+        prefill = chosen.placement.prefill
+        return plan_render_once(
+            plan, lookup.rendered, decode_route=decode_route, serves_generate=prefill.worker.renders
+        )
     except PolicyError:
         return plan  # rendered again, on the prefill, as without the lookup
 
@@ -69,13 +83,23 @@ class Planning:
     session it fetches with (one of
     [`media_session`][pd_policy_vllm.http.media.guard.media_session]), and the bytes one
     request's fetches may read together
-    ([`fetch_budget`][pd_policy_vllm.http.media.pinning.fetch_budget])."""
+    ([`fetch_budget`][pd_policy_vllm.http.media.pinning.fetch_budget]). ``render_once``:
+    a prefill leg is token-in from the KV-event lookup's render where the plan allows
+    ([`render_once`][pd_policy_vllm.openai.plan.render_once])."""
 
     mrope: bool
     remote_media: RemoteMedia | None
     media_limits: MediaLimits
     session: aiohttp.ClientSession
     fetch_budget: int = fetch_budget()
+    render_once: bool = True
+
+    def lookup_tensors(self, fleet: Fleet) -> bool:
+        """Whether a lookup's render of a request on ``fleet`` asks for the items'
+        processed tensors: when a plan may take the render over
+        ([`render_tensors`][pd_policy_vllm.openai.plan.render_once.render_tensors])."""
+        modes = (m.worker.kv.mode for m in fleet.of("prefill"))
+        return render_tensors(mrope=self.mrope, render_once=self.render_once, modes=modes)
 
     def _plan(
         self, body: Any, incoming: Incoming, chosen: Chosen, made: Request | None
@@ -116,7 +140,7 @@ class Planning:
             plan = await self.plan(attempt.incoming, chosen, attempt.fetches)
         except PolicyError as exc:
             return PlanFailed(exc)
-        plan = _rendered_before(plan, attempt, chosen)
+        plan = _rendered_before(plan, attempt, chosen, self.render_once)
         attempt.plan, attempt.form = plan, plan.form.value
         return planned(plan)
 

@@ -88,6 +88,10 @@ class Proxy:
     ``kv_routing``: place each request on the prefill whose KV cache holds the most of
     it, as the prefills' KV events say
     ([`KvRouting`][pd_policy_vllm.http.fleet.kv_routing.KvRouting]; ``None``: not).
+    ``render_once``: a request the KV-event lookup rendered sends its prefill leg as
+    token-in from that render where the plan allows
+    ([`render_once`][pd_policy_vllm.openai.plan.render_once]), instead of having the
+    prefill render it again.
 
     Raises ``ValueError`` without a fleet or a pair, for ``admin`` with no admin key, and
     for ``RemoteMedia.FETCH`` with a prefill whose media rules are unknown (the proxy
@@ -117,6 +121,7 @@ class Proxy:
         media_limits: MediaLimits | None = None,
         request_timeout: float | None = None,
         kv_routing: KvRouting | None = None,
+        render_once: bool = True,
     ) -> None:
         self.metrics = Metrics()
         if fleet is None:
@@ -144,7 +149,7 @@ class Proxy:
         if request_timeout is not None and not request_timeout > 0:
             raise ValueError("request_timeout must be positive")
         self.request_timeout = request_timeout
-        self.kv_routing = kv_routing
+        self.kv_routing, self.render_once = kv_routing, render_once
         self.draining = False
 
     def app(self) -> web.Application:
@@ -179,7 +184,12 @@ class Proxy:
             headers = self.keys.worker_headers()
             budget = fetch_budget(self.front_door.max_body)
             planning = Planning(
-                self.mrope, self.remote_media, self.media_limits, clients.media, budget
+                self.mrope,
+                self.remote_media,
+                self.media_limits,
+                clients.media,
+                budget,
+                render_once=self.render_once,
             )
             app[_DRIVER] = Driver(
                 self.fleet,

@@ -9,6 +9,12 @@ sends. A prefill's own count comes back twice: in the handoff it returns
 (``remote_prefill_cached_tokens``, which the decode leg carries) and in the client's
 ``usage.prompt_tokens_details.cached_tokens`` (the decode reports the prefill's count).
 
+The proxy renders each request once: its prefill leg is the lookup's render, token-in, on
+the prefill's scale-out generate route (``render_once``), so every prediction checked
+here is of blocks a generate leg cached, named as the client's body would name them. Its
+answers are a full-vision server's (a prefill sent plain requests): images A, B, A, a
+text chat and a completions prompt.
+
 The rule a prediction of ``N`` leading blocks must meet, read in vLLM 0.32
 (``KVCacheManager.get_computed_blocks`` caps a hit at ``num_tokens - 1`` tokens: the
 last prompt token is always computed, for its logits; the full-attention manager takes
@@ -51,8 +57,10 @@ from pd_policy_vllm.http.fleet.routing import HttpPlacer
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.http.upstream import Upstream
 from pd_policy_vllm.openai.plan.request import Route
+from pd_policy_vllm.openai.plan.scale_out import GENERATE
 
 CHAT: Final = "/v1/chat/completions"
+COMPLETIONS: Final = "/v1/completions"
 WAIT: Final = 30.0
 
 
@@ -64,9 +72,13 @@ class RecordingKvRouting(KvRouting):
         self.lookups: list[Lookup | None] = []
 
     async def lookup(
-        self, placer: HttpPlacer, upstream: Upstream, headers: Mapping[str, str]
+        self,
+        placer: HttpPlacer,
+        upstream: Upstream,
+        headers: Mapping[str, str],
+        tensors: bool | None = None,
     ) -> Lookup | None:
-        found = await super().lookup(placer, upstream, headers)
+        found = await super().lookup(placer, upstream, headers, tensors)
         self.lookups.append(found)
         return found
 
@@ -219,16 +231,27 @@ def without_lookup(routed: Routed, body: Mapping[str, Any]) -> str:
     return next(p for p in PREFILLS if routed.name(p) == chosen)
 
 
+def legs_of(routed: Routed, sent: int) -> tuple[str, Any]:
+    """The prefill (``p1``, ``p2``) the legs the proxy sent from ``sent`` on went to, and
+    the prefill leg's body: rendered once, it is the lookup's render, token-in, on the
+    scale-out generate route."""
+    legs = [s for s in routed.live.sent[sent:] if not s.url.endswith("/render")]
+    (prefill,) = [p for p in PREFILLS if legs[0].url == routed.fleet.prefills[p] + GENERATE]
+    assert legs[0].body["token_ids"] and legs[0].body["sampling_params"]["max_tokens"] == 1
+    assert len(legs) == 2 and legs[1].url.startswith(routed.fleet.decode)
+    return prefill, legs[0].body
+
+
 def through(routed: Routed, body: Mapping[str, Any]) -> Served:
     """Send ``body`` through the proxy; what came of it."""
     live, lookups = routed.live, routed.kv.lookups
     sent, looked = len(live.sent), len(lookups)
     status, answer = http_json(live.url + CHAT, body)
     assert status == 200, answer
+    prefill, _ = legs_of(routed, sent)
     legs = [s for s in live.sent[sent:] if s.url.endswith(CHAT)]
-    (prefill,) = [p for p in PREFILLS if legs[0].url == routed.fleet.prefills[p] + CHAT]
-    assert legs[1].url == routed.fleet.decode + CHAT
-    handoff = legs[1].body["kv_transfer_params"]
+    assert [leg.url for leg in legs] == [routed.fleet.decode + CHAT]
+    handoff = legs[0].body["kv_transfer_params"]
     (lookup,) = lookups[looked:]
     assert lookup is not None, "the request was not looked up"
     predicted = {p: lookup.cached[routed.name(p)] for p in PREFILLS}
@@ -317,3 +340,31 @@ def test_another_cache_salt_on_the_same_image_shares_nothing_and_its_own_is_foun
     assert again.predicted == {first.prefill: full, other(first.prefill): 0}
     assert again.prefill == first.prefill
     assert again.reported == again.client_cached == cached_tokens(full, len(again.tokens)) > 0
+
+
+def tokens(url: str, body: Mapping[str, Any]) -> list[int]:
+    """The generated ids of ``body``'s greedy answer from ``url``."""
+    status, answer = http_json(url, body)
+    assert status == 200, answer
+    ids: list[int] = answer["choices"][0]["token_ids"]
+    return ids
+
+
+def test_rendered_once_the_answers_are_a_full_vision_servers(routed: Routed) -> None:
+    # A prefill sent plain requests answers as one full-vision server does.
+    baseline = routed.fleet.prefills["p1"]
+    greedy = {"max_tokens": 8, "temperature": 0, "return_token_ids": True}
+    a, b = ({**chat(seed, f"once {TEXT}"), **greedy} for seed in (51, 52))
+    text = {"model": "tiny", "messages": [{"role": "user", "content": f"once {TEXT}"}], **greedy}
+    prompt = {"model": "tiny", "prompt": f"USER: once {TEXT}\nASSISTANT:", **greedy}
+    cases = [(CHAT, a), (CHAT, b), (CHAT, a), (CHAT, text), (COMPLETIONS, prompt)]
+    want = [tokens(baseline + route, body) for route, body in cases]
+    assert want[0] != want[1]  # else matching them would prove nothing
+    for (route, body), expected in zip(cases, want, strict=True):
+        sent = len(routed.live.sent)
+        assert tokens(routed.live.url + route, body) == expected
+        # The prefill got the lookup's render (the image's processed pixels with it), not
+        # the client's body.
+        _, leg = legs_of(routed, sent)
+        pixels = (leg["features"] or {}).get("kwargs_data")
+        assert (pixels is not None) == (body is not text and route == CHAT)

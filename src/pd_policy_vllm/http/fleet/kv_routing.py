@@ -21,6 +21,11 @@ prefill that renders, a render that fails or says nothing readable, media the pr
 not let a worker fetch yet) is placed by the rules without it. Bodies with remote media
 are not rendered at all: the proxy decides what to do with a URL (fetch it once, refuse
 it) before any worker reads it, and a render would read it first.
+
+The plan may take the render over, so that the request is rendered once: the M-RoPE
+metadata path, and a prefill leg sent as token-in from it
+([`render_once`][pd_policy_vllm.openai.plan.render_once]). The render then answers each
+item's processed tensors too, which the lookup alone never needs.
 """
 
 from __future__ import annotations
@@ -121,10 +126,14 @@ class KvRouting:
         placer: HttpPlacer,
         upstream: Upstream,
         headers: Mapping[str, str],
+        tensors: bool | None = None,
     ) -> Lookup | None:
         """The request of ``placer``, looked up (see the module docs); ``None`` when it
         cannot be. Renders on a routable prefill that serves the render route, over
-        ``upstream`` with ``headers``; bounded by ``timeout``."""
+        ``upstream`` with ``headers``; bounded by ``timeout``. ``tensors``: the render
+        answers each item's processed tensors, for a plan that may take it over
+        ([`lookup_tensors`][pd_policy_vllm.http.planning.Planning.lookup_tensors];
+        ``None``: for the M-RoPE metadata path only)."""
         fed = self._fed(placer.fleet)
         if not fed:
             return None
@@ -136,7 +145,8 @@ class KvRouting:
             prompt = prompt_of_body(body, route)
             rendered = None
             if prompt is None:
-                rendered = await self._render(placer, upstream, headers)
+                wanted = placer.mrope if tensors is None else tensors
+                rendered = await self._render(placer, upstream, headers, wanted)
                 if rendered is None:
                     return None
                 prompt = prompt_of_render(rendered, body)
@@ -149,7 +159,7 @@ class KvRouting:
         return Lookup(cached, blocks, rendered, route if rendered is not None else None)
 
     async def _render(
-        self, placer: HttpPlacer, upstream: Upstream, headers: Mapping[str, str]
+        self, placer: HttpPlacer, upstream: Upstream, headers: Mapping[str, str], tensors: bool
     ) -> Any:
         route = RENDERS.get(placer.route)
         renderers = [
@@ -158,15 +168,17 @@ class KvRouting:
         if route is None or not renderers:
             return None
         media = placer.media
-        if media is None or any(
-            part.source in _UNREAD for part in media_parts(placer.body, media.rules)
+        # A completions prompt has no media part: only a chat body's are read here.
+        if placer.route is Route.CHAT and (
+            media is None
+            or any(part.source in _UNREAD for part in media_parts(placer.body, media.rules))
         ):
             return None  # remote media: the proxy's to fetch or refuse first
         member = min(renderers, key=lambda m: m.outstanding)
         # The lookup reads ids, hashes and places. A render answers each item's processed
-        # tensors too unless told not to (megabytes an image, parsed here); only the
-        # M-RoPE metadata plan, which may take the render over, needs them.
-        body = placer.body if placer.mrope else {**placer.body, "mm_payload": "none"}
+        # tensors too unless told not to (megabytes an image, parsed here): only a plan
+        # that may take the render over needs them.
+        body = placer.body if tensors else {**placer.body, "mm_payload": "none"}
         async with asyncio.timeout(self.timeout):
             # A prefill's route: its failure reads as the prefill's (and is only a miss).
             return await post_json(upstream, "prefill", member.worker.url + route, body, headers)
