@@ -20,18 +20,23 @@ from typing import Any, Final
 
 import attrs
 from http_peers import proxy, vllm_server
+from live_engines import BLOCK_SIZE
 from servers import Server, candidate_ports, running
 from tiny_models import TinyModel
 
 __all__ = [
-    "PROGRESS_THREAD", "SWITCH_MARK", "NixlCounters", "NixlPair", "NixlPairs", "Transfer",
-    "nixl_config", "nixl_counters", "nixl_server", "progress_thread_off",
+    "LLAVA_BLOCK_BYTES", "PROGRESS_THREAD", "SWITCH_MARK", "NixlCounters", "NixlPair",
+    "NixlPairs", "Transfer", "nixl_config", "nixl_counters", "nixl_environment",
+    "nixl_server", "nixl_worker", "progress_thread_off",
 ]  # fmt: skip
 
 #: Where the switch's ``sitecustomize`` is.
 NIXL_SITE: Final = Path(__file__).parent / "nixl_site"
 #: The switch (see ``nixl_site/sitecustomize.py``).
 PROGRESS_THREAD: Final = "PD_POLICY_TEST_NIXL_PROGRESS_THREAD"
+#: The bytes of one KV block of the tiny LLaVA, as NIXL moves it: 2 layers, keys and values,
+#: one KV head of 64 float32 values per token.
+LLAVA_BLOCK_BYTES: Final = 2 * 2 * BLOCK_SIZE * 64 * 4
 #: What the switch writes to a server's log when it takes effect.
 SWITCH_MARK: Final = "pd-policy test switch: NIXL agents without their progress thread"
 
@@ -62,15 +67,29 @@ def nixl_server(
         name, model, logs, language_model_only=language_model_only,
         kv_config=nixl_config(role, connector), limits=limits, extra=extra,
     )  # fmt: skip
-    # Its HTTP port first, then its NIXL side channel's: both chosen again on a rebind.
-    server.ports = candidate_ports(2)
-    server.port_env = lambda ports: {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports[1])}
+    return nixl_worker(server)
+
+
+def nixl_environment() -> dict[str, str]:
+    """What a NIXL worker's environment gets beyond its side channel's port: the side
+    channel on 127.0.0.1, and the progress-thread switch (its ``sitecustomize`` first on
+    the ``PYTHONPATH``, and its value)."""
     path = os.environ.get("PYTHONPATH")
-    server.env.update(
-        VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
-        PYTHONPATH=os.pathsep.join([str(NIXL_SITE), *([path] if path else [])]),
-        **{PROGRESS_THREAD: "off" if progress_thread_off() else "on"},
-    )
+    return {
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "PYTHONPATH": os.pathsep.join([str(NIXL_SITE), *([path] if path else [])]),
+        PROGRESS_THREAD: "off" if progress_thread_off() else "on",
+    }
+
+
+def nixl_worker(server: Server) -> Server:
+    """``server`` (not yet started, its command on its ports) made a NIXL worker: a side
+    channel of its own, on a port chosen after its others and chosen again with them on
+    a rebind, and [`nixl_environment`][nixl_peers.nixl_environment]. Returned."""
+    count = len(server.ports)
+    server.ports = candidate_ports(count + 1)
+    server.port_env = lambda ports: {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports[count])}
+    server.env.update(nixl_environment())
     return server
 
 
@@ -182,17 +201,17 @@ class NixlPairs:
 
 class Transfer:
     """The NIXL transfers of a pair during a ``with`` block, read from the ``/metrics`` of
-    the worker that posts them (``NixlPair.mover``) on entry and on exit: at least one
-    completed, none failed, more than no bytes moved (asserted on a clean exit). ``bytes``:
-    how many, once the block is left.
+    the worker that posts them (``NixlPair.mover``, or the URL of that worker's metrics)
+    on entry and on exit: at least one completed, none failed, more than no bytes moved
+    (asserted on a clean exit). ``bytes``: how many, once the block is left.
 
     A push prefill counts a write when an engine step of its polls it, which may come
     after the decode answered: the exit waits for the count (``WAIT`` seconds at most)."""
 
     WAIT: Final = 30.0
 
-    def __init__(self, pair: NixlPair) -> None:
-        self._url = pair.mover
+    def __init__(self, mover: NixlPair | str) -> None:
+        self._url = mover.mover if isinstance(mover, NixlPair) else mover
         self._before = NixlCounters(0, 0, 0)
         self.bytes = 0.0
 
