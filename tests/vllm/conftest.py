@@ -20,7 +20,7 @@ from fleets import Fleets
 from http_fleets import HttpFleet, PdFleet, http_fleet, pd_fleet
 from live_engines import BLOCK_SIZE, connector, start_engine
 from pool_fleet import Pool, pool_fleet
-from ray_fleet import RayFleet, ray_fleet
+from ray_fleet import RayFleet, ray_fleet, ray_nixl_fleet
 from tiny_audio import build_qwen2audio
 from tiny_models import BUILDERS, TinyModel
 
@@ -259,6 +259,20 @@ def ray_pd(
 
     def start(root: Path) -> Any:
         return ray_fleet(root, llava.path, qwen2vl.path)
+
+    fleet: RayFleet = _shared_fleet(request, fleets, start)
+    return fleet
+
+
+@pytest.fixture(scope="module")
+def ray_nixl(request: pytest.FixtureRequest, fleets: Fleets, llava: TinyModel) -> RayFleet:
+    """Ray Serve LLM's P/D on vLLM's ``NixlConnector`` (``ray_fleet.ray_nixl_fleet``): the
+    policy's application of the tiny LLaVA, a full-vision prefill and one
+    language-model-only decode replica, and the cluster's metrics port. Two engines, a
+    fleet like the others."""
+
+    def start(root: Path) -> Any:
+        return ray_nixl_fleet(root, llava.path)
 
     fleet: RayFleet = _shared_fleet(request, fleets, start)
     return fleet

@@ -15,23 +15,29 @@ import contextlib
 import os
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 from http_peers import proxy, vllm_server
+from live_engines import BLOCK_SIZE
 from servers import Server, candidate_ports, running
 from tiny_models import TinyModel
 
 __all__ = [
-    "PROGRESS_THREAD", "SWITCH_MARK", "NixlCounters", "NixlPair", "NixlPairs", "Transfer",
-    "nixl_config", "nixl_counters", "nixl_server", "progress_thread_off",
+    "LLAVA_BLOCK_BYTES", "PROGRESS_THREAD", "SWITCH_MARK", "NixlCounters", "NixlPair",
+    "NixlPairs", "Transfer", "nixl_config", "nixl_counters", "nixl_environment",
+    "nixl_server", "nixl_worker", "progress_thread_off",
 ]  # fmt: skip
 
 #: Where the switch's ``sitecustomize`` is.
 NIXL_SITE: Final = Path(__file__).parent / "nixl_site"
 #: The switch (see ``nixl_site/sitecustomize.py``).
 PROGRESS_THREAD: Final = "PD_POLICY_TEST_NIXL_PROGRESS_THREAD"
+#: The bytes of one KV block of the tiny LLaVA, as NIXL moves it: 2 layers, keys and values,
+#: one KV head of 64 float32 values per token.
+LLAVA_BLOCK_BYTES: Final = 2 * 2 * BLOCK_SIZE * 64 * 4
 #: What the switch writes to a server's log when it takes effect.
 SWITCH_MARK: Final = "pd-policy test switch: NIXL agents without their progress thread"
 
@@ -62,15 +68,31 @@ def nixl_server(
         name, model, logs, language_model_only=language_model_only,
         kv_config=nixl_config(role, connector), limits=limits, extra=extra,
     )  # fmt: skip
-    # Its HTTP port first, then its NIXL side channel's: both chosen again on a rebind.
-    server.ports = candidate_ports(2)
-    server.port_env = lambda ports: {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports[1])}
-    path = os.environ.get("PYTHONPATH")
-    server.env.update(
-        VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
-        PYTHONPATH=os.pathsep.join([str(NIXL_SITE), *([path] if path else [])]),
-        **{PROGRESS_THREAD: "off" if progress_thread_off() else "on"},
-    )
+    return nixl_worker(server)
+
+
+def nixl_environment() -> dict[str, str]:
+    """What a NIXL worker's environment gets beyond its side channel's port: the side
+    channel on 127.0.0.1, and the progress-thread switch (its ``sitecustomize`` first on
+    the ``PYTHONPATH``, and its value). The rest of the ``PYTHONPATH`` is this process's,
+    made absolute: a worker may start in another directory (Ray's replicas do)."""
+    path = os.environ.get("PYTHONPATH", "")
+    rest = [os.path.abspath(entry) for entry in path.split(os.pathsep) if entry]
+    return {
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "PYTHONPATH": os.pathsep.join([str(NIXL_SITE), *rest]),
+        PROGRESS_THREAD: "off" if progress_thread_off() else "on",
+    }
+
+
+def nixl_worker(server: Server) -> Server:
+    """``server`` (not yet started, its command on its ports) made a NIXL worker: a side
+    channel of its own, on a port chosen after its others and chosen again with them on
+    a rebind, and [`nixl_environment`][nixl_peers.nixl_environment]. Returned."""
+    count = len(server.ports)
+    server.ports = candidate_ports(count + 1)
+    server.port_env = lambda ports: {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports[count])}
+    server.env.update(nixl_environment())
     return server
 
 
@@ -99,15 +121,24 @@ _COUNTERS: Final = {
 }
 
 
-def nixl_counters(url: str) -> NixlCounters:
-    """The NIXL counters of the vLLM server at ``url``, summed over its labels (0 for a
-    counter it has not published yet)."""
+#: How Ray's metrics agent exports vLLM's metrics: ``vllm:`` becomes ``ray_vllm_``.
+_RAY_PREFIX: Final = "ray_vllm_"
+
+
+def nixl_counters(url: str, labels: Mapping[str, str] | None = None) -> NixlCounters:
+    """The NIXL counters at ``url`` (a vLLM server, or a Ray cluster's metrics port, which
+    exports them as ``ray_vllm_...``), summed over the series that carry every one of
+    ``labels`` (all of them by default; 0 for a counter not published yet)."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
         text = response.read().decode()
+    wanted = [f'{key}="{value}"' for key, value in (labels or {}).items()]
     values = dict.fromkeys(_COUNTERS.values(), 0.0)
     for line in text.splitlines():
-        name = line.partition("{")[0].partition(" ")[0]
-        if name in _COUNTERS:
+        name, _, rest = line.partition("{")
+        name = name.partition(" ")[0]
+        if name.startswith(_RAY_PREFIX):
+            name = "vllm:" + name.removeprefix(_RAY_PREFIX)
+        if name in _COUNTERS and all(label in rest.rpartition("}")[0] for label in wanted):
             values[_COUNTERS[name]] += float(line.rsplit(" ", 1)[1])
     return NixlCounters(**values)
 
@@ -182,32 +213,36 @@ class NixlPairs:
 
 class Transfer:
     """The NIXL transfers of a pair during a ``with`` block, read from the ``/metrics`` of
-    the worker that posts them (``NixlPair.mover``) on entry and on exit: at least one
-    completed, none failed, more than no bytes moved (asserted on a clean exit). ``bytes``:
-    how many, once the block is left.
+    the worker that posts them on entry and on exit: at least one completed, none failed,
+    more than no bytes moved (asserted on a clean exit). ``bytes``: how many, once the
+    block is left. The worker is ``NixlPair.mover``, or the URL of its metrics, with the
+    ``labels`` of its series where that URL serves several workers' (a Ray cluster's).
+    Ray exports its counts every second: the exit waits for them (see below), so that
+    the next block's entry reading holds this block's transfers too.
 
     A push prefill counts a write when an engine step of its polls it, which may come
     after the decode answered: the exit waits for the count (``WAIT`` seconds at most)."""
 
     WAIT: Final = 30.0
 
-    def __init__(self, pair: NixlPair) -> None:
-        self._url = pair.mover
+    def __init__(self, mover: NixlPair | str, labels: Mapping[str, str] | None = None) -> None:
+        self._url = mover.mover if isinstance(mover, NixlPair) else mover
+        self._labels = labels
         self._before = NixlCounters(0, 0, 0)
         self.bytes = 0.0
 
     def __enter__(self) -> Transfer:
-        self._before = nixl_counters(self._url)
+        self._before = nixl_counters(self._url, self._labels)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
         if kind is not None:
             return
         deadline = time.monotonic() + self.WAIT
-        delta = nixl_counters(self._url) - self._before
+        delta = nixl_counters(self._url, self._labels) - self._before
         while delta.transfers < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
-            delta = nixl_counters(self._url) - self._before
+            delta = nixl_counters(self._url, self._labels) - self._before
         assert delta.transfers >= 1 and delta.bytes > 0, delta
         assert delta.failed == 0, delta
         self.bytes = delta.bytes

@@ -14,14 +14,15 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
+from nixl_peers import nixl_config, nixl_environment
 from servers import Server, candidate_ports, stop_all
 
-__all__ = ["RayFleet", "ray_fleet"]
+__all__ = ["RayFleet", "ray_fleet", "ray_nixl_fleet"]
 
 #: The tag Serve puts on a decode replica's log lines: its application, model and id.
 _REPLICA = re.compile(r"(\w+)_Decode:(\w+) (\w+) ")
@@ -38,6 +39,8 @@ class RayFleet:
 
     url: str
     serve_logs: str
+    #: Where the cluster serves its Prometheus metrics, if it was asked to.
+    metrics: str = ""
 
     def _lines(self, marker: str, app: str) -> Iterator[tuple[str, str]]:
         # The server's lines reach its worker's stderr file, tagged with its replica id.
@@ -67,28 +70,72 @@ def ray_fleet(
 ) -> Iterator[RayFleet]:
     """The deployment of ``model`` (the LLaVA applications) and ``mrope_model`` (the
     Qwen2-VL one) of ``ray_stand.py``, started for the block."""
-    ready = root / "ready.json"
     spec: dict[str, Any] = {
         "model": str(model), "model_id": "llava", "transfers": str(root / "transfers"),
         "mrope_model": str(mrope_model), "mrope_model_id": "qwen2vl",
         "mrope_transfers": str(root / "mrope-transfers"),
-        "decode_replicas": decode_replicas, "own": True, "ready": str(ready),
+        "decode_replicas": decode_replicas, "own": True,
     }  # fmt: skip
     (root / "transfers").mkdir()
     (root / "mrope-transfers").mkdir()
+    with _stand(root, spec, lambda ports: {}) as fleet:
+        yield fleet
+
+
+@contextlib.contextmanager
+def ray_nixl_fleet(root: Path, model: Path) -> Iterator[RayFleet]:
+    """The policy's application of ``model`` (the tiny LLaVA) alone, on vLLM's
+    ``NixlConnector``: a full-vision prefill and one language-model-only decode replica,
+    each with a NIXL side channel of its own on 127.0.0.1 and the tests' progress-thread
+    switch ([`nixl_environment`][nixl_peers.nixl_environment]), the cluster's Prometheus
+    metrics on a loopback port (``RayFleet.metrics``). Started for the block."""
+    spec: dict[str, Any] = {"model": str(model), "model_id": "llava", "decode_replicas": 1}
+    roles = ("kv_producer", "kv_consumer")
+
+    def nixl(ports: tuple[int, ...]) -> dict[str, Any]:
+        # The HTTP port, the metrics port, then each role's side channel.
+        side = dict(zip(roles, ports[2:4], strict=True))
+        return {
+            "metrics_port": ports[1],
+            "nixl": {
+                "configs": {role: nixl_config(role) for role in roles},
+                "env": {role: {**nixl_environment(),
+                               "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side[role])}
+                        for role in roles},
+            },
+        }  # fmt: skip
+
+    with _stand(root, spec, nixl, ports=4) as fleet:
+        yield fleet
+
+
+@contextlib.contextmanager
+def _stand(
+    root: Path,
+    spec: dict[str, Any],
+    more: Callable[[tuple[int, ...]], dict[str, Any]],
+    *,
+    ports: int = 1,
+) -> Iterator[RayFleet]:
+    """``ray_stand.py`` on ``spec``, and what ``more`` adds for its ``ports`` (the first:
+    its HTTP port), started for the block."""
+    ready = root / "ready.json"
     config = root / "stand.json"
 
-    def command(ports: tuple[int, ...]) -> list[str]:
-        # The HTTP port is in the config: written anew for each start.
-        config.write_text(json.dumps({**spec, "port": ports[0]}))
+    def command(chosen: tuple[int, ...]) -> list[str]:
+        # The ports are in the config: written anew for each start.
+        config.write_text(
+            json.dumps({**spec, **more(chosen), "port": chosen[0], "ready": str(ready)})
+        )
         return [str(HERE / "ray_stand.py"), str(config)]
 
     server = Server("ray", command, root / "ray.log", ready=lambda _: ready.exists(),
-                    ports=candidate_ports(1))  # fmt: skip
+                    ports=candidate_ports(ports))  # fmt: skip
     server.start()
     try:
         server.wait_ready(time.monotonic() + DEPLOY_TIMEOUT)
-        yield RayFleet(server.url, json.loads(ready.read_text())["serve_logs"])
+        metrics = f"http://127.0.0.1:{server.ports[1]}" if ports > 1 else ""
+        yield RayFleet(server.url, json.loads(ready.read_text())["serve_logs"], metrics)
     finally:
         stop_all([server])
         # The engines run in process groups of their own: killed by pid if the driver

@@ -12,6 +12,12 @@ transfer directory, the HTTP port, and the applications:
   ``mrope_model_id``): the policy's application with one full-vision prefill and one
   language-model-only decode replica, which takes M-RoPE metadata (its own transfers).
 
+The applications' engines hand KV over on the project's ``TransferConnector`` (through
+``transfers``), unless ``nixl`` gives, by role (``kv_producer``, ``kv_consumer``), the
+``policy`` application's ``configs`` (vLLM's ``NixlConnector``) and its replicas' ``env``
+(a NIXL side channel each, the tests' progress-thread switch). ``metrics_port`` is where
+the cluster serves its Prometheus metrics (the engines' among them, exported every second).
+
 The driver starts its own Ray cluster on 127.0.0.1 (more logical CPUs than the machine
 has: every replica asks for some), writes ``{"ready": true, ...}``, with the cluster's
 process ids, to the config's ``ready`` file once every application is running, and on
@@ -48,11 +54,18 @@ def llm_config(
 
     from pd_policy_vllm.transfer_connector import kv_transfer_config
 
-    model, model_id, transfers = (
-        (spec["mrope_model"], spec["mrope_model_id"], spec["mrope_transfers"])
-        if app == "mrope" else (spec["model"], spec["model_id"], spec["transfers"])
+    mrope = app == "mrope"
+    model, model_id = (
+        (spec["mrope_model"], spec["mrope_model_id"]) if mrope
+        else (spec["model"], spec["model_id"])
     )  # fmt: skip
-    engine = {**ENGINE, "kv_transfer_config": kv_transfer_config(role, transfers)}
+    nixl = spec.get("nixl") if app == "policy" else None
+    if nixl is not None:
+        kv, env = nixl["configs"][role], {**ENV, **nixl["env"][role]}
+    else:
+        kv = kv_transfer_config(role, spec["mrope_transfers" if mrope else "transfers"])
+        env = ENV
+    engine = {**ENGINE, "kv_transfer_config": kv}
     if lm_only:
         engine["language_model_only"] = True
     return LLMConfig(
@@ -60,7 +73,7 @@ def llm_config(
         accelerator_config={"kind": "cpu"},
         engine_kwargs=engine,
         deployment_config={"num_replicas": replicas},
-        runtime_env={"env_vars": ENV},
+        runtime_env={"env_vars": env},
     )
 
 
@@ -76,9 +89,13 @@ def main(path: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # Idle workers (left by Ray LLM's model-download tasks) are ended at once: each holds
     # about 1 GB, and five of them stayed up otherwise.
+    system: dict[str, Any] = {"idle_worker_killing_time_threshold_ms": 100,
+                              "num_workers_soft_limit": 0}  # fmt: skip
+    if spec.get("metrics_port"):
+        system["metrics_report_interval_ms"] = 1000
     ray.init(num_cpus=32, include_dashboard=False, _node_ip_address="127.0.0.1",
-             _system_config={"idle_worker_killing_time_threshold_ms": 100,
-                             "num_workers_soft_limit": 0})  # fmt: skip
+             _metrics_export_port=spec.get("metrics_port"),
+             _system_config=system)  # fmt: skip
     try:
         serve.start(
             http_options={"host": "127.0.0.1", "port": spec["port"]},

@@ -5,7 +5,8 @@ The servicer runs under vLLM's own launcher,
 measurements in ``smg-servicer-on-cpu.md`` call for: SMG's warm-up off (it
 crashes connector engines), its KV-events publisher off (it binds on all
 interfaces), a small KV cache, fp32, eager, block size 32, and the project's
-``TransferConnector`` where the server takes part in P/D.
+``TransferConnector`` where the server takes part in P/D (or another connector's whole
+config: vLLM's ``NixlConnector``, with ``nixl_peers.nixl_worker``).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ import grpc
 from pd_policy_grpc.wire import pb
 from pd_policy_vllm.transfer_connector import kv_transfer_config
 
-__all__ = ["SMG_ENV", "Recorder", "Streamed", "servicer", "streamed"]
+__all__ = ["SMG_ENV", "Recorder", "Streamed", "metrics_url", "servicer", "streamed"]
 
+#: The launcher that also serves vLLM's Prometheus metrics (``servicer(metrics=True)``).
+METRICS_LAUNCHER: Final = Path(__file__).with_name("grpc_metrics_launcher.py")
 #: SMG's planned warm-up crashes connector engines; its KV-events publisher binds on all
 #: interfaces by default.
 SMG_ENV: Final = {"SMG_VLLM_SERVICER_WARMUP": "off", "SMG_VLLM_SERVICER_KV_EVENTS": "0"}
@@ -53,6 +56,8 @@ def servicer(
     limits: dict[str, int] | None = None,
     kv_role: str | None = None,
     transfer_dir: Path | None = None,
+    kv_config: dict[str, Any] | None = None,
+    metrics: bool = False,
     port: int | None = None,
     extra: tuple[str, ...] = (),
 ) -> Server:
@@ -61,9 +66,11 @@ def servicer(
 
     Full vision takes ``limits`` media per prompt (one image by default);
     ``language_model_only`` serves no media. ``kv_role`` (``kv_producer``,
-    ``kv_consumer``) plugs in the ``TransferConnector`` over ``transfer_dir``. ``port``
-    restarts a servicer where it was (else the server chooses, and chooses again when its
-    port is taken). ``extra`` are more flags.
+    ``kv_consumer``) plugs in the ``TransferConnector`` over ``transfer_dir``; ``kv_config``
+    is another whole ``--kv-transfer-config``. With ``metrics``, vLLM's Prometheus
+    metrics are served on the server's second port (``metrics_url``; the launcher of
+    ``grpc_metrics_launcher.py``). ``port`` restarts a servicer where it was (else the
+    server chooses, and chooses again when its port is taken). ``extra`` are more flags.
     """
     argv = [
         "-m", "vllm.entrypoints.launchers.grpc_server",
@@ -80,17 +87,28 @@ def servicer(
     else:
         argv += ["--limit-mm-per-prompt", json.dumps(limits or {"image": 1})]
     if kv_role is not None:
-        assert transfer_dir is not None
-        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(kv_role, transfer_dir))]
+        assert transfer_dir is not None and kv_config is None
+        kv_config = kv_transfer_config(kv_role, transfer_dir)
+    if kv_config is not None:
+        argv += ["--kv-transfer-config", json.dumps(kv_config)]
     argv += extra
 
     def command(ports: tuple[int, ...]) -> list[str]:
+        if metrics:
+            return [str(METRICS_LAUNCHER), str(ports[1]), *argv[2:], "--port", str(ports[0])]
         return [*argv, "--port", str(ports[0])]
 
+    assert port is None or not metrics  # a restart where it was keeps no metrics port
+    count = 2 if metrics else 1
     return Server(
         name, command, logs / f"{name}.log", _servicer_ready, dict(SMG_ENV),
-        ports=(port,) if port is not None else candidate_ports(1), fixed=port is not None,
+        ports=(port,) if port is not None else candidate_ports(count), fixed=port is not None,
     )  # fmt: skip
+
+
+def metrics_url(server: Server) -> str:
+    """Where a servicer started with ``metrics`` serves vLLM's Prometheus metrics."""
+    return f"http://127.0.0.1:{server.ports[1]}"
 
 
 class Recorder(grpc.aio.UnaryStreamClientInterceptor):

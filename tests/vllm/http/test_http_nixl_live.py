@@ -26,7 +26,14 @@ import pytest
 from http_peers import data_url, http_json, read_fleet
 from live_engines import BLOCK_SIZE
 from llava_prompts import TEXT
-from nixl_peers import SWITCH_MARK, NixlPair, NixlPairs, Transfer, progress_thread_off
+from nixl_peers import (
+    LLAVA_BLOCK_BYTES,
+    SWITCH_MARK,
+    NixlPair,
+    NixlPairs,
+    Transfer,
+    progress_thread_off,
+)
 from router_side import image
 from tiny_models import TinyModel
 
@@ -38,9 +45,6 @@ from pd_policy_vllm.openai.tools.vector_handoffs import NIXL_RETURNED
 
 PULL: Final = "NixlConnector"
 PUSH: Final = "NixlPushConnector"
-#: The bytes of one KV block of the tiny LLaVA: 2 layers, keys and values, one KV head of 64
-#: float32 values per token.
-BLOCK_BYTES: Final = 2 * 2 * BLOCK_SIZE * 64 * 4
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +162,7 @@ def test_pull_an_image_in_the_partial_last_block_comes_across(
     with Transfer(pull) as transfer:
         assert tokens(posted(pull.proxy, body)) == tokens(baseline)
     # A fresh prompt (its variant leads it): every block moved, the partial one included.
-    assert transfer.bytes == math.ceil(len(ids) / BLOCK_SIZE) * BLOCK_BYTES
+    assert transfer.bytes == math.ceil(len(ids) / BLOCK_SIZE) * LLAVA_BLOCK_BYTES
 
 
 def test_pull_text_matches_a_full_server(pull: NixlPair) -> None:

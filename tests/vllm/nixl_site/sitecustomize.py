@@ -1,7 +1,8 @@
 """A test-environment switch for NIXL's progress thread, in the server processes of the tests.
 
-Put on a ``vllm serve`` process's ``PYTHONPATH`` (only the NIXL servers' of the live tests,
-[`nixl_peers`][nixl_peers]), Python imports this module at start-up. It does nothing unless
+Put on the ``PYTHONPATH`` of a NIXL worker of the live tests (only theirs: ``vllm serve``,
+SMG's servicer, Ray's replicas; [`nixl_peers`][nixl_peers]), Python imports this module at
+start-up, in each of the worker's processes. It does nothing unless
 ``PD_POLICY_TEST_NIXL_PROGRESS_THREAD`` is ``off``; then every NIXL agent the process creates
 runs without its progress thread.
 

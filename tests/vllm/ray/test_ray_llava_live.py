@@ -14,72 +14,25 @@ The baseline is a full-vision engine of the same model in this process.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any
 
 import pytest
-from http_peers import data_url, http_json
-from live_engines import BLOCK_SIZE, start_engine
+from live_engines import BLOCK_SIZE
+from ray_chat import answer, body, close, engine_answers
+from ray_chat import ask as ask_url
 from ray_fleet import RayFleet
-from router_side import image
 from tiny_models import TinyModel
-
-MAX_TOKENS = 6
-IMAGES = {"A": image(11), "B": image(12)}
-
-
-def messages(picture: str | None, text: str = "What is in the picture?") -> list[Any]:
-    content: list[Any] = [{"type": "text", "text": text}]
-    if picture is not None:
-        content.append({"type": "image_url", "image_url": {"url": data_url(IMAGES[picture])}})
-    return [{"role": "user", "content": content}]
-
-
-def body(picture: str | None, **extra: Any) -> dict[str, Any]:
-    return {"model": "llava", "messages": messages(picture), "max_tokens": MAX_TOKENS,
-            "temperature": 0, "logprobs": True, **extra}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def baseline(llava: TinyModel) -> Any:
     """What one full-vision engine answers, by image: token texts and their logprobs."""
-    from vllm import SamplingParams
-
-    llm = start_engine(llava, block_size=BLOCK_SIZE)
-    try:
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, logprobs=0)
-        answers = {}
-        for picture in (*IMAGES, None):
-            (out,) = llm.chat(messages(picture), params, use_tqdm=False)
-            completion = out.outputs[0]
-            answers[picture] = (
-                completion.text,
-                [
-                    lp[t].logprob
-                    for lp, t in zip(completion.logprobs, completion.token_ids, strict=True)
-                ],
-                len(out.prompt_token_ids),
-            )
-        return answers
-    finally:
-        llm.llm_engine.engine_core.shutdown()
+    return engine_answers(llava)
 
 
 def ask(fleet: RayFleet, payload: dict[str, Any], prefix: str = "") -> tuple[int, Any]:
-    return http_json(f"{fleet.url}{prefix}/v1/chat/completions", payload, timeout=300)
-
-
-def close(got: list[float], want: list[float]) -> bool:
-    """Logprobs equal but for float noise (the same kernels, the KV copied, not recomputed)."""
-    return len(got) == len(want) and all(
-        math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got, want, strict=True)
-    )
-
-
-def answer(reply: Any) -> tuple[str, list[float]]:
-    choice = reply["choices"][0]
-    return choice["message"]["content"], [t["logprob"] for t in choice["logprobs"]["content"]]
+    return ask_url(fleet.url, payload, prefix)
 
 
 def test_images_equal_a_full_vision_engine_on_language_model_only_replicas(
