@@ -50,6 +50,10 @@ _CHOICE: Final = ("tests/test_balance.py", "tests/test_roster.py", "tests/test_p
 #: The KV wires: the core's table and selection, and the proxy over described stand-ins.
 _WIRES_CORE: Final = ("tests/test_connectors.py", "tests/test_selection.py")
 _WIRES_HTTP: Final = ("tests/http/test_http_wires.py",)
+#: A failed transfer: the prefill's lease, in the core and through the proxy, and a stream's
+#: head held until the decode says whether its leg started.
+_LEASE: Final = ("tests/test_kv_lease.py",)
+_FAILED_TRANSFER: Final = ("tests/http/test_http_failed_transfer.py",)
 MUTANTS: Final = (
     Mutant(
         "the seed's policy imports a sub-package",
@@ -1450,6 +1454,56 @@ MUTANTS: Final = (
         "        blind_to_stripped_media=decode_worker.blind_to_stripped_media,\n",
         "",
         ("tests/grpc/test_grpc_legs.py",),
+    ),
+    # A failed transfer on the real wire (issue #44): the prefill's lease, a stream's head.
+    Mutant(
+        "the exchange relays a handoff past its prefill's lease",
+        "pd_policy/exchange/machine.py",
+        "        if self._prefills and kv.params is not None:\n",
+        "        if False:\n",
+        ("tests/test_exchange.py", *_EXCHANGE),
+    ),
+    Mutant(
+        "the lease check keeps no margin for the decode",
+        "pd_policy/kv_lease.py",
+        "age >= lease - lease_margin(lease)",
+        "age >= lease",
+        (*_LEASE, "tests/test_exchange.py"),
+    ),
+    Mutant(
+        "a planned handoff forgets the prefill's lease",
+        "pd_policy/connectors.py",
+        "            lease=kv.lease,\n",
+        "",
+        _LEASE,
+    ),
+    Mutant(
+        "the proxy does not read a prefill's lease from its /server_info",
+        "pd_policy_vllm/openai/workers.py",
+        "        lease=prefill_lease(kv, contract),\n",
+        "        lease=prefill_lease({}, contract),\n",
+        _FAILED_TRANSFER,
+    ),
+    Mutant(
+        "the proxy ages a handoff from the prefill's answer, not from its leg",
+        "pd_policy_vllm/http/send.py",
+        "kv_facts(attempt.leg, time.monotonic() - sent)",
+        "kv_facts(attempt.leg)",
+        _FAILED_TRANSFER,
+    ),
+    Mutant(
+        "the proxy sends a stream's head before the decode says the leg started",
+        "pd_policy_vllm/http/relay.py",
+        "            for data in event_data(held):\n                if decisive(data):\n",
+        "            for data in event_data(held):\n                if True:\n",
+        _FAILED_TRANSFER,
+    ),
+    Mutant(
+        "the proxy relays a stream whose decode failed before its first output",
+        "pd_policy_vllm/http/relay.py",
+        "                    if failure is not None:\n                        raise failure\n",
+        "",
+        _FAILED_TRANSFER,
     ),
 )
 

@@ -73,20 +73,27 @@ BEFORE_DECODE: Final = (Leg.RENDER, Leg.ENCODE, Leg.PREFILL)
 class KvFacts:
     """The KV handoff a decode leg carries: its JSON parameters (an object, or its text)
     and its typed legacy ``(remote_host, remote_port)``, as
-    [`check_kv_handoff`][pd_policy.handoff.check_kv_handoff] reads them."""
+    [`check_kv_handoff`][pd_policy.handoff.check_kv_handoff] reads them; and its ``age``:
+    the seconds from when the router sent the prefill leg to when it read the answer
+    (what [`check_kv_lease`][pd_policy.kv_lease.check_kv_lease] reads; 0 before any
+    prefill answered)."""
 
     params: str | Mapping[str, Any] | None = None
     legacy: tuple[str, int] | None = None
+    age: float = 0.0
 
 
 @attrs.frozen(slots=True)
 class HandoffCheck:
     """What the post-prefill check needs to know of an attempt's plan: the decode ``form``,
-    whether the request is ``multimodal``, and the prefill's handoff contract."""
+    whether the request is ``multimodal``, the prefill's handoff contract, and its
+    ``lease`` on the KV it hands over, in seconds (``None``: none,
+    [`KvHandoff`][pd_policy.connectors.KvHandoff])."""
 
     form: DecodeForm
     multimodal: bool
     mode: KvConnectorMode
+    lease: float | None = None
 
 
 # --- events ------------------------------------------------------------------------

@@ -1,0 +1,60 @@
+"""The prefill's lease on its KV (``pd_policy.kv_lease``): the rule at its bounds, where a
+router learns the lease, and what a handoff planned under it carries. The exchange's use of
+it is in ``test_exchange.py`` and ``test_exchange_properties.py``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pd_policy import ERROR_CATALOG, InvalidConfiguration, KvConnectorMode, PrefillKv
+from pd_policy.connectors import plan_kv_handoff
+from pd_policy.kv_lease import (
+    NIXL_LEASE,
+    SAFETY_MARGIN,
+    KvLeaseExpired,
+    check_kv_lease,
+    lease_margin,
+)
+
+
+def test_a_handoff_is_relayed_while_more_than_the_margin_of_its_lease_is_left() -> None:
+    check_kv_lease(30.0, 0.0)
+    check_kv_lease(30.0, 24.999)
+    for age in (25.0, 25.001, 31.0, 1e9, math.inf, math.nan):
+        with pytest.raises(KvLeaseExpired):
+            check_kv_lease(30.0, age)
+
+
+def test_a_short_lease_keeps_half_of_itself_as_the_margin() -> None:
+    assert lease_margin(NIXL_LEASE) == SAFETY_MARGIN == 5.0
+    assert lease_margin(6.0) == 3.0
+    check_kv_lease(6.0, 2.999)
+    with pytest.raises(KvLeaseExpired):
+        check_kv_lease(6.0, 3.0)
+
+
+def test_no_lease_binds_nothing() -> None:
+    check_kv_lease(None, 1e9)
+    check_kv_lease(None, math.inf)
+
+
+def test_the_error_is_catalogued_a_retryable_502() -> None:
+    error = KvLeaseExpired()
+    assert error.status == 502 and error.retryable and error.code == "pd_kv_lease_expired"
+    entry = ERROR_CATALOG["pd_kv_lease_expired"]
+    assert entry.status == 502 and entry.retryable and entry.error is KvLeaseExpired
+
+
+@pytest.mark.parametrize("lease", [0, -1.0, math.inf, math.nan, True, "30"])
+def test_a_prefill_lease_is_a_positive_number_of_seconds(lease: object) -> None:
+    with pytest.raises(InvalidConfiguration):
+        PrefillKv(KvConnectorMode.NIXL, lease=lease)  # type: ignore[arg-type]
+
+
+def test_a_handoff_planned_through_a_leased_prefill_carries_its_lease() -> None:
+    for mode in (KvConnectorMode.NIXL, KvConnectorMode.NIXL_PUSH):
+        assert plan_kv_handoff(PrefillKv(mode, lease=12), n=1).lease == 12
+        assert plan_kv_handoff(PrefillKv(mode), n=1).lease is None
+        assert plan_kv_handoff(PrefillKv(mode, lease=12), n=2).lease is None  # no prefill
