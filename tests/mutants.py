@@ -1471,6 +1471,13 @@ MUTANTS: Final = (
         (*_LEASE, "tests/test_exchange.py"),
     ),
     Mutant(
+        "a MultiConnector's NIXL lease is read from its first connector",
+        "pd_policy/kv_lease.py",
+        "        if wire is not None and wire.mode in _LEASED:\n",
+        "        if True:\n",
+        _LEASE,
+    ),
+    Mutant(
         "a planned handoff forgets the prefill's lease",
         "pd_policy/connectors.py",
         "            lease=kv.lease,\n",

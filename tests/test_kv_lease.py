@@ -16,6 +16,7 @@ from pd_policy.kv_lease import (
     KvLeaseExpired,
     check_kv_lease,
     lease_margin,
+    prefill_lease,
 )
 
 
@@ -58,3 +59,23 @@ def test_a_handoff_planned_through_a_leased_prefill_carries_its_lease() -> None:
         assert plan_kv_handoff(PrefillKv(mode, lease=12), n=1).lease == 12
         assert plan_kv_handoff(PrefillKv(mode), n=1).lease is None
         assert plan_kv_handoff(PrefillKv(mode, lease=12), n=2).lease is None  # no prefill
+
+
+def test_a_prefills_lease_is_read_from_its_nixl_connectors_config() -> None:
+    extra = {"kv_connector_extra_config": {"kv_lease_duration": 12}}
+    nixl = {"kv_connector": "NixlConnector", **extra}
+    assert prefill_lease(nixl, KvConnectorMode.NIXL) == 12
+    push = {"kv_connector": "NixlPushConnector", **extra}
+    assert prefill_lease(push, KvConnectorMode.NIXL_PUSH) == 12
+    # Unset, or a prefill that does not describe itself (stated nixl): vLLM's default.
+    assert prefill_lease({"kv_connector": "NixlConnector"}, KvConnectorMode.NIXL) == NIXL_LEASE
+    assert prefill_lease({}, KvConnectorMode.NIXL) == NIXL_LEASE
+    # Within a MultiConnector, the NIXL connector's own, not a store's beside it.
+    store = {"kv_connector": "LMCacheConnectorV1",
+             "kv_connector_extra_config": {"kv_lease_duration": 99}}  # fmt: skip
+    multi = {"kv_connector": "MultiConnector",
+             "kv_connector_extra_config": {"connectors": [store, nixl]}}  # fmt: skip
+    assert prefill_lease(multi, KvConnectorMode.NIXL) == 12
+    # Contracts without a lease.
+    for mode in (KvConnectorMode.TRANSFER, KvConnectorMode.MOONCAKE, KvConnectorMode.PASSTHROUGH):
+        assert prefill_lease(nixl, mode) is None
