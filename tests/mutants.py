@@ -1459,8 +1459,8 @@ MUTANTS: Final = (
     Mutant(
         "the exchange relays a handoff past its prefill's lease",
         "pd_policy/exchange/machine.py",
-        "        if self._prefills and kv.params is not None:\n",
-        "        if False:\n",
+        "            if self._check is not None and self._check.lease_ran_out(event.kv):\n",
+        "            if False:\n",
         ("tests/test_exchange.py", *_EXCHANGE),
     ),
     Mutant(

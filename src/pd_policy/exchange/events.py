@@ -24,6 +24,7 @@ from ..decision import DecodeForm
 from ..errors import PolicyError
 from ..fleet.placement import Placement
 from ..fleet.roster import Member
+from ..kv_lease import KvLeaseExpired, check_kv_lease
 
 __all__ = [
     "Action",
@@ -94,6 +95,17 @@ class HandoffCheck:
     multimodal: bool
     mode: KvConnectorMode
     lease: float | None = None
+
+    def lease_ran_out(self, kv: KvFacts) -> bool:
+        """Whether the handoff ``kv`` a prefill answered with came too late to relay: its
+        age leaves no more than the margin of the prefill's lease
+        ([`check_kv_lease`][pd_policy.kv_lease.check_kv_lease]). A prefill that handed
+        nothing over (no parameters) leaves nothing to expire."""
+        try:
+            check_kv_lease(self.lease if kv.params is not None else None, kv.age)
+        except KvLeaseExpired:
+            return True
+        return False
 
 
 # --- events ------------------------------------------------------------------------
