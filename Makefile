@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo demo-live demo-http demo-epd demo-media demo-fleet demo-ray test lint typecheck pytest docs docs-tables bench bench-routing bench-fairness vectors clean \
+.PHONY: demo demo-live demo-http demo-epd demo-media demo-fleet demo-ray test lint typecheck pytest docs docs-tables bench bench-routing bench-ttft bench-fairness vectors clean \
 	fuzz fuzz-policy fuzz-wire mutants
 
 $(VENV)/bin/python:
@@ -49,7 +49,8 @@ demo: $(VENV)/.core
 demo-live: $(VENV)/.test
 	$(PY) examples/live_pd.py
 
-# Optional: the HTTP proxy in front of three real `vllm serve` workers (about two minutes).
+# Optional: the HTTP proxy in front of a prefill and a decode `vllm serve` worker on vLLM's
+# NixlConnector, NIXL's progress thread off by the tests' switch (about three minutes).
 demo-http: $(VENV)/.test
 	$(PY) examples/live_http.py
 
@@ -128,6 +129,14 @@ bench: $(VENV)/.bench $(VENV)/.test $(SMG_VENV)/.smg
 bench-routing: $(VENV)/.bench $(VENV)/.test $(SMG_VENV)/.smg
 	$(PY) bench/routing.py
 	$(PY) bench/routing_live.py
+
+# Time to first token of sequential P/D through the proxy (issue #44): vLLM's NixlConnector
+# (pull and push, NIXL's progress thread off as the suite runs it) and the project's
+# TransferConnector, one pair of vllm serve workers at a time (about 6 min). Writes
+# bench/ttft_live.json and the TTFT table of docs/performance.md. `ARGS=--as-shipped`
+# adds NIXL with its progress thread on.
+bench-ttft: $(VENV)/.bench $(VENV)/.test
+	$(PY) bench/ttft_live.py $(ARGS)
 
 # Fairness (issue #42): /health latency while one client sends the worst requests the
 # proxy's caps allow, as ratios to the idle proxy's (about 1 min). Writes

@@ -2,12 +2,19 @@
 
 ``make demo-http`` runs it. It builds the tests' tiny LLaVA (no model hub) and
 starts, on 127.0.0.1: a full-vision prefill server (KV producer) and a
-``--language-model-only`` decode server (KV consumer) on the transfer
-connector, a full-vision baseline server, and the proxy in front of the first
-two. It sends images A, B, A through the proxy with the ``openai`` client, next
-to the same requests on the baseline; shows what the decode server does with
-the original body, as other proxies send it; and three refusals. It prints one
-table, then stops every process it started, by process id.
+``--language-model-only`` decode server (KV consumer) on vLLM's ``NixlConnector``
+(NIXL over UCX, the KV in host memory, as production runs it), and the proxy in front
+of them. It sends images A, B, A through the proxy with the ``openai`` client, next
+to the same requests on the prefill server sent plainly (a full-vision server, the
+answer to match), with the bytes NIXL moved for each (the decode's ``/metrics``);
+shows what the decode server does with the original body, as other proxies send it;
+and three refusals. It prints one table, then stops every process it started, by
+process id.
+
+NIXL's progress thread is off in these workers, by the tests' switch
+(``tests/vllm/nixl_site``): each agent's thread busy-polls a core, which on two cores
+makes every request several times slower. ``PD_POLICY_TEST_NIXL_PROGRESS_THREAD=on``
+runs NIXL as shipped.
 
 Run: ``python examples/live_http.py`` (in the venv that ``make test`` builds).
 About two minutes, most of it the servers starting.
@@ -26,23 +33,17 @@ sys.path.insert(0, str(ROOT / "tests" / "vllm"))  # the model builder and server
 
 def main() -> int:
     import openai
-    from http_peers import data_url, http_json, proxy, vllm_server
-    from live_engines import connector
+    from http_peers import data_url, http_json, proxy
     from llava_prompts import TEXT
+    from nixl_peers import nixl_counters, nixl_note, nixl_server
     from router_side import image
     from servers import running
     from tiny_models import build_llava
 
     work = Path(tempfile.mkdtemp(prefix="pd-policy-http-demo-"))
     llava = build_llava(work / "llava")
-    prefill = vllm_server(
-        "prefill", llava, work, kv_config=connector("kv_producer", work / "transfers")
-    )
-    decode = vllm_server(
-        "decode", llava, work, language_model_only=True,
-        kv_config=connector("kv_consumer", work / "transfers"),
-    )  # fmt: skip
-    baseline = vllm_server("baseline", llava, work)
+    prefill = nixl_server("prefill", llava, work, "kv_producer")
+    decode = nixl_server("decode", llava, work, "kv_consumer", language_model_only=True)
     words = TEXT
 
     def body(seed: int, **extra: Any) -> dict[str, Any]:
@@ -71,19 +72,20 @@ def main() -> int:
         ).model_dump()  # fmt: skip
         return reply["choices"][0]["token_ids"], reply.get("kv_transfer_params") or {}
 
-    rows = [["image", "through the proxy", "baseline server", "same", "KV loaded/cached"]]
+    rows = [["image", "through the proxy", "full server", "same", "NIXL moved"]]
     notes = []
-    print("starting three vllm serve workers and the proxy (about a minute)...", flush=True)
-    with running([prefill, decode, baseline]):
-        decode_url, baseline_url = decode.url, baseline.url
+    print(nixl_note("two vllm serve workers"), flush=True)
+    with running([prefill, decode]):
+        decode_url, baseline_url = decode.url, prefill.url
         server = proxy(work, prefill.url, [decode_url], "--no-mrope")
         with running([server]):
             proxy_url = server.url
             for name, seed, stream in (("A", 1, False), ("B", 2, False), ("A", 1, True)):
-                got, report = tokens(proxy_url, seed, stream=stream)
+                before = nixl_counters(decode_url)
+                got, _ = tokens(proxy_url, seed, stream=stream)
+                moved = nixl_counters(decode_url) - before
                 want, _ = tokens(baseline_url, seed)
-                loaded, cached = report.get("loaded_tokens"), report.get("local_cached_tokens")
-                kv = f"{loaded} / {cached}" if report else "(a stream says not)"
+                kv = f"{moved.bytes / 1024:.0f} KiB" + (" FAILED" if moved.failed else "")
                 label = name + (", streamed" if stream else "")
                 rows.append([label, str(got), str(want), "yes" if got == want else "NO", kv])
             status, reply = http_json(f"{decode_url}/v1/chat/completions", body(1))
@@ -100,7 +102,8 @@ def main() -> int:
                 status, reply = http_json(f"{proxy_url}/v1/chat/completions", refused)
                 notes.append((label, status, reply["error"]["code"] if status != 200 else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    print("\nP/D over HTTP: vision prefill -> pd-policy-proxy -> --language-model-only decode\n")
+    print("\nP/D over HTTP: vision prefill -> pd-policy-proxy -> --language-model-only decode,")
+    print("the KV on vLLM's NixlConnector\n")
     for i, row in enumerate(rows):
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
         if i == 0:
@@ -110,6 +113,8 @@ def main() -> int:
         print(f"  {label}:\n    HTTP {status} {what}")
     print("\nAll processes stopped; logs in", work)
     ok = all(r[3] == "yes" for r in rows[1:4]) and rows[1][1] != rows[2][1]
+    # Each answer's KV came over NIXL: bytes moved, none failed.
+    ok = ok and all(r[4] != "0 KiB" and "FAILED" not in r[4] for r in rows[1:4])
     return 0 if ok and all(status == 400 for _, status, _ in notes) else 1
 
 

@@ -59,6 +59,13 @@ COMPLETE: Final[dict[KvConnectorMode, dict[str, Any]]] = {
         "remote_port": 9,
     },
     KvConnectorMode.TRANSFER: {"do_remote_prefill": True, "transfer_id": "t"},
+    KvConnectorMode.NIXL_PUSH: {
+        "do_remote_prefill": True,
+        "remote_engine_id": "e",
+        "remote_block_ids": [[1]],
+        "remote_host": "h",
+        "remote_port": 9,
+    },
     KvConnectorMode.MOONCAKE: {
         "do_remote_prefill": True,
         "transfer_id": "t",
@@ -114,10 +121,18 @@ class Step:
     after: Phase
 
 
-def _kv(draw: st.DrawFn, mode: KvConnectorMode) -> KvFacts:
+#: A prefill's lease on its KV in the walks (``None``: none), and the ages of a handoff: in
+#: time, too close to the end of that lease, past it.
+LEASES: Final = (None, 10.0, 10.0)
+AGES: Final = (0.5, 6.0, 30.0)
+
+
+def _kv(draw: st.DrawFn, mode: KvConnectorMode, *, answered: bool = True) -> KvFacts:
+    # A handoff has an age once a prefill answered it; one planned up front has none.
     kind = draw(st.sampled_from(("complete", "complete", "none", "empty", "partial", "legacy")))
     if kind == "complete":
-        return KvFacts(dict(COMPLETE[mode]))
+        age = draw(st.sampled_from(AGES)) if answered else 0.0
+        return KvFacts(dict(COMPLETE[mode]), age=age)
     if kind == "empty":
         return KvFacts({})
     if kind == "partial":
@@ -151,8 +166,9 @@ def _planned(draw: st.DrawFn, exchange: Exchange[str]) -> Planned:
     legs = frozenset(draw(st.sampled_from(plans)))
     mode = draw(st.sampled_from(list(KvConnectorMode)))
     form = draw(st.sampled_from(list(DecodeForm)))
-    check = HandoffCheck(form, draw(st.booleans()), mode)
-    return Planned(legs, check, _kv(draw, mode) if draw(st.booleans()) else KvFacts())
+    check = HandoffCheck(form, draw(st.booleans()), mode, draw(st.sampled_from(LEASES)))
+    kv = _kv(draw, mode, answered=False) if draw(st.booleans()) else KvFacts()
+    return Planned(legs, check, kv)
 
 
 #: Each kind of event, weighted so that a walk mostly goes on: the client leaving and the
@@ -183,7 +199,8 @@ def draw_event(draw: st.DrawFn, exchange: Exchange[str], mode: KvConnectorMode) 
     leg = LEG_OF.get(exchange.phase)
     if kind is LegAnswered:
         assert leg is not None
-        kv = _kv(draw, mode) if leg is Leg.PREFILL and draw(st.booleans()) else None
+        handed = draw(st.sampled_from((True, True, True, False)))
+        kv = _kv(draw, mode) if leg is Leg.PREFILL and handed else None
         return LegAnswered(leg, kv)
     if kind is LegFailed:
         assert leg is not None

@@ -55,6 +55,10 @@ _RENDER_ONCE: Final = (
     "tests/http/test_http_render_once.py",
     "tests/http/test_http_render_once_proxy.py",
 )
+#: A failed transfer: the prefill's lease, in the core and through the proxy, and a stream's
+#: head held until the decode says whether its leg started.
+_LEASE: Final = ("tests/test_kv_lease.py",)
+_FAILED_TRANSFER: Final = ("tests/http/test_http_failed_transfer.py",)
 MUTANTS: Final = (
     Mutant(
         "the seed's policy imports a sub-package",
@@ -1518,6 +1522,63 @@ MUTANTS: Final = (
         "        blind_to_stripped_media=decode_worker.blind_to_stripped_media,\n",
         "",
         ("tests/grpc/test_grpc_legs.py",),
+    ),
+    # A failed transfer on the real wire (issue #44): the prefill's lease, a stream's head.
+    Mutant(
+        "the exchange relays a handoff past its prefill's lease",
+        "pd_policy/exchange/machine.py",
+        "            if self._check is not None and self._check.lease_ran_out(event.kv):\n",
+        "            if False:\n",
+        ("tests/test_exchange.py", *_EXCHANGE),
+    ),
+    Mutant(
+        "the lease check keeps no margin for the decode",
+        "pd_policy/kv_lease.py",
+        "age >= lease - lease_margin(lease)",
+        "age >= lease",
+        (*_LEASE, "tests/test_exchange.py"),
+    ),
+    Mutant(
+        "a MultiConnector's NIXL lease is read from its first connector",
+        "pd_policy/kv_lease.py",
+        "        if wire is not None and wire.mode in _LEASED:\n",
+        "        if True:\n",
+        _LEASE,
+    ),
+    Mutant(
+        "a planned handoff forgets the prefill's lease",
+        "pd_policy/connectors.py",
+        "            lease=kv.lease,\n",
+        "",
+        _LEASE,
+    ),
+    Mutant(
+        "the proxy does not read a prefill's lease from its /server_info",
+        "pd_policy_vllm/openai/workers.py",
+        "        lease=prefill_lease(kv, contract),\n",
+        "        lease=prefill_lease({}, contract),\n",
+        _FAILED_TRANSFER,
+    ),
+    Mutant(
+        "the proxy ages a handoff from the prefill's answer, not from its leg",
+        "pd_policy_vllm/http/send.py",
+        "kv_facts(attempt.leg, time.monotonic() - sent)",
+        "kv_facts(attempt.leg)",
+        _FAILED_TRANSFER,
+    ),
+    Mutant(
+        "the proxy sends a stream's head before the decode says the leg started",
+        "pd_policy_vllm/http/relay.py",
+        "            for data in event_data(held):\n                if decisive(data):\n",
+        "            for data in event_data(held):\n                if True:\n",
+        _FAILED_TRANSFER,
+    ),
+    Mutant(
+        "the proxy relays a stream whose decode failed before its first output",
+        "pd_policy_vllm/http/relay.py",
+        "                    if failure is not None:\n                        raise failure\n",
+        "",
+        _FAILED_TRANSFER,
     ),
 )
 

@@ -65,7 +65,11 @@ def test_the_catalog_holds_the_contracts_codes_and_statuses() -> None:
         "pd_too_many_media_items",
         "pd_too_many_parts",
         "pd_overloaded",
+        # A handoff past the prefill's lease on its KV: not relayed, tried again.
+        "pd_kv_lease_expired",
     }
+    assert ERROR_CATALOG["pd_kv_lease_expired"].status == 502
+    assert ERROR_CATALOG["pd_kv_lease_expired"].retryable
     # An admin route refused is refused for every caller without an admin key, anonymous or not.
     assert ERROR_CATALOG["pd_forbidden"].status == 403
     assert not ERROR_CATALOG["pd_forbidden"].retryable

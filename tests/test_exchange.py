@@ -23,6 +23,7 @@ from pd_policy import (
     WorkerFailedToStart,
     place,
 )
+from pd_policy.decode_kv import DecodeKv, KvLoad, LoadFailure
 from pd_policy.exchange import Exchange, fixed, settle
 from pd_policy.exchange.events import (
     Begin,
@@ -42,6 +43,7 @@ from pd_policy.exchange.events import (
     Send,
 )
 from pd_policy.exchange.states import ExchangeError, Phase
+from pd_policy.kv_lease import KvLeaseExpired
 from pd_policy.tools.scenarios import image_request
 
 VISION = WorkerCapability(Support.TRUE)
@@ -131,6 +133,75 @@ def test_with_no_member_left_the_client_gets_the_failure_that_made_it_try() -> N
     settle(fleet, ex.handle(Planned(frozenset({Leg.PREFILL}), STRIPPED)))
     end = settle(fleet, ex.handle(LegFailed(Leg.PREFILL, refused)))
     assert isinstance(end, Finish) and end.error is refused and end.status == 502
+
+
+def test_a_retry_that_finds_only_a_decode_blind_to_media_gives_the_failure_that_made_it_try() -> (
+    None
+):
+    # A transfer failed on the one decode that loads the prefill's KV; the other recomputes
+    # a failed load, so the policy will not give it the image: the client is told of the
+    # failure, not that its request needs another kind of decode (a 400 of its own). The
+    # placement finds the failed decode the only compatible one, and it is left out.
+    fleet: Roster[WorkerCapability] = Roster(clock=lambda: 0.0, policy=HealthPolicy(failures=1))
+    fleet.add_member("prefill", "p0", VISION)
+    fleet.add_member("decode", "d-fail", LM_ONLY)
+    blind = DecodeKv(KvLoad.BY_REQUEST, LoadFailure.RECOMPUTE)
+    fleet.add_member("decode", "d-recompute", WorkerCapability(Support.FALSE, decode_kv=blind))
+    ex = exchange(fleet)
+    first = settle(fleet, ex.handle(Begin()))
+    assert isinstance(first, Plan) and first.placement.decode.name == "d-fail"
+    settle(fleet, ex.handle(Planned(frozenset({Leg.PREFILL}), STRIPPED)))
+    settle(fleet, ex.handle(LegAnswered(Leg.PREFILL, HANDED)))
+    failed = WorkerFailedToStart("decode", detail="Internal server error", http_status=500)
+    end = settle(fleet, ex.handle(LegFailed(Leg.DECODE, failed)))
+    assert isinstance(end, Finish) and end.error is failed and end.status == 500
+
+
+LEASED = HandoffCheck(DecodeForm.TEXT_PLUS_HASHES, True, KvConnectorMode.NIXL, lease=30.0)
+NIXL_HANDED = COMPLETE[KvConnectorMode.NIXL]
+
+
+def test_a_prefill_answer_past_its_lease_is_its_failure_tried_on_another_prefill() -> None:
+    fleet = roster()
+    ex = exchange(fleet)
+    first = settle(fleet, ex.handle(Begin()))
+    assert isinstance(first, Plan)
+    settle(fleet, ex.handle(Planned(frozenset({Leg.PREFILL}), LEASED)))
+    again = settle(fleet, ex.handle(LegAnswered(Leg.PREFILL, KvFacts(NIXL_HANDED, age=25.0))))
+    assert isinstance(again, Plan) and isinstance(again.after, KvLeaseExpired)
+    assert again.leg is Leg.PREFILL and ex.excluded == (first.placement.prefill.name,)
+    assert again.placement.prefill is not first.placement.prefill
+    assert all(m.health.health is not Health.EJECTED for m in fleet)  # not the worker's fault
+    settle(fleet, ex.handle(Planned(frozenset({Leg.PREFILL}), LEASED)))
+    relay = settle(fleet, ex.handle(LegAnswered(Leg.PREFILL, KvFacts(NIXL_HANDED, age=24.9))))
+    assert relay == Relay(again.placement.decode)
+
+
+def test_with_one_prefill_an_answer_past_its_lease_is_the_502() -> None:
+    fleet = roster(prefills=1, decodes=1)
+    ex = exchange(fleet)
+    settle(fleet, ex.handle(Begin()))
+    settle(fleet, ex.handle(Planned(frozenset({Leg.PREFILL}), LEASED)))
+    end = settle(fleet, ex.handle(LegAnswered(Leg.PREFILL, KvFacts(NIXL_HANDED, age=40.0))))
+    assert isinstance(end, Finish) and isinstance(end.error, KvLeaseExpired)
+    assert end.status == 502 and end.outcome == "pd_kv_lease_expired"
+
+
+def test_a_lease_binds_only_a_handoff_a_prefill_answered() -> None:
+    # Planned up front (no prefill ran, or it returned nothing): no lease runs on it.
+    fleet = roster()
+    ex = exchange(fleet)
+    first = settle(fleet, ex.handle(Begin()))
+    assert isinstance(first, Plan)
+    relay = settle(fleet, ex.handle(Planned(frozenset(), LEASED, KvFacts(NIXL_HANDED, age=99.0))))
+    assert relay == Relay(first.placement.decode)
+    text = HandoffCheck(DecodeForm.FULL, False, KvConnectorMode.NIXL, lease=30.0)
+    ex = exchange(fleet)
+    plan = settle(fleet, ex.handle(Begin()))
+    assert isinstance(plan, Plan)
+    settle(fleet, ex.handle(Planned(frozenset({Leg.PREFILL}), text)))
+    relay = settle(fleet, ex.handle(LegAnswered(Leg.PREFILL, KvFacts(None, age=99.0))))
+    assert relay == Relay(plan.placement.decode)
 
 
 def test_a_client_that_leaves_or_a_deadline_that_passes_blames_nobody() -> None:

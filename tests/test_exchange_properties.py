@@ -34,6 +34,7 @@ from pd_policy.exchange.events import (
     Send,
 )
 from pd_policy.exchange.states import Phase
+from pd_policy.kv_lease import KvLeaseExpired
 
 Walk = tuple[Exchange[str], Fleet, list[Step]]
 
@@ -74,6 +75,29 @@ def _stripped(check: HandoffCheck) -> bool:
     return text_plus_hashes or check.form is DecodeForm.MROPE_METADATA
 
 
+def _expired(check: HandoffCheck, kv: KvFacts | None) -> bool:
+    """Whether a prefill answered with a handoff that leaves 5 s (or half the lease) or less
+    of its lease: the rule, as written."""
+    if check.lease is None or kv is None or kv.params is None:
+        return False
+    return kv.age >= check.lease - min(5.0, check.lease / 2)
+
+
+def _handoffs(steps: list[Step]) -> list[tuple[Step, HandoffCheck, KvFacts | None]]:
+    """Each step whose event is the prefill's answer, with the check and the handoff it
+    answered with (``None``: none, the planned one stays)."""
+    found = []
+    check: HandoffCheck | None = None
+    for step in steps:
+        event = step.event
+        if isinstance(event, Planned):
+            check = event.check
+        if isinstance(event, LegAnswered) and event.leg is Leg.PREFILL:
+            assert check is not None
+            found.append((step, check, event.kv))
+    return found
+
+
 @given(walks())
 def test_never_a_decode_leg_before_a_complete_handoff_on_a_stripped_leg(walk: Walk) -> None:
     _, _, steps = walk
@@ -96,8 +120,25 @@ def test_never_a_decode_leg_before_a_complete_handoff_on_a_stripped_leg(walk: Wa
 
 
 @given(walks())
+def test_a_handoff_is_relayed_only_within_its_prefills_lease(walk: Walk) -> None:
+    _, _, steps = walk
+    for step, check, kv in _handoffs(steps):
+        relayed = any(isinstance(a, Relay) for a in step.actions)
+        if _expired(check, kv):
+            assert not relayed
+            nothing = [a for a in step.actions if isinstance(a, Plan | Finish)]
+            assert len(nothing) == 1
+            error = nothing[0].after if isinstance(nothing[0], Plan) else nothing[0].error
+            assert isinstance(error, KvLeaseExpired) and error.status == 502
+            assert not any(isinstance(a, Penalize) for a in step.actions)  # not the worker's
+        elif relayed and check.lease is not None and kv is not None and kv.params is not None:
+            assert kv.age < check.lease - 1
+
+
+@given(walks())
 def test_blame_falls_on_the_member_the_failed_leg_went_to_and_on_no_other(walk: Walk) -> None:
     exchange, _, steps = walk
+    late = [step for step, check, kv in _handoffs(steps) if _expired(check, kv)]
     sent: dict[Leg, Member] = {}
     excluded: list[str] = []
     attempt, seen = 1, False
@@ -116,6 +157,10 @@ def test_blame_falls_on_the_member_the_failed_leg_went_to_and_on_no_other(walk: 
                 attempt += 1
         elif isinstance(event, PlanFailed) and event.error.retryable:
             attempt += attempt < exchange.attempts
+        elif step in late and attempt < exchange.attempts:
+            # The prefill's answer came past its lease: its leg failed, it is left out.
+            excluded.append(sent[Leg.PREFILL].name)
+            attempt += 1
         assert penalized == expected
         for action in step.actions:
             if isinstance(action, Plan):
@@ -142,8 +187,12 @@ def test_retries_stay_within_the_budget_and_only_for_what_may_be_retried(walk: W
         # A retry found no member left: the client gets the failure that made it try,
         # never a 503 for a fleet it did not ask about.
         last = steps[-1].event
-        assert isinstance(last, LegFailed | PlanFailed)
-        assert exchange.finish is not None and exchange.finish.error is last.error
+        assert exchange.finish is not None
+        if isinstance(last, LegAnswered):  # a prefill's answer past its lease: its failure
+            assert last.leg is Leg.PREFILL and isinstance(exchange.finish.error, KvLeaseExpired)
+        else:
+            assert isinstance(last, LegFailed | PlanFailed)
+            assert exchange.finish.error is last.error
 
 
 @given(walks())

@@ -44,10 +44,14 @@ from pd_policy.exchange.events import (
 )
 from pd_policy.exchange.states import TRANSITIONS, ExchangeError
 from pd_policy.exchange.states import Phase as ExchangePhase
+from pd_policy.kv_lease import KvLeaseExpired
 
 _STRIPPED: Final = HandoffCheck(DecodeForm.TEXT_PLUS_HASHES, True, KvConnectorMode.TRANSFER)
 _FULL: Final = HandoffCheck(DecodeForm.FULL, True, KvConnectorMode.TRANSFER)
 _GOOD: Final = KvFacts(dict(COMPLETE[KvConnectorMode.TRANSFER]))
+#: A prefill with a lease on its KV, and its answer past it.
+_LEASED: Final = HandoffCheck(DecodeForm.FULL, True, KvConnectorMode.NIXL, lease=10.0)
+_LATE: Final = KvFacts(dict(COMPLETE[KvConnectorMode.NIXL]), age=30.0)
 
 
 def _alphabet() -> list[Event]:
@@ -65,12 +69,14 @@ def _alphabet() -> list[Event]:
     for legs in plans:
         for check in (_STRIPPED, _FULL):
             events.append(Planned(frozenset(legs), check))
+    events.append(Planned(frozenset({Leg.PREFILL}), _LEASED))
     events += [PlanFailed(MediaUnreachable()), PlanFailed(MalformedRequest("no"))]
     for leg in Leg:
         for status in (503, 400):
             events.append(LegFailed(leg, WorkerFailedToStart(_name(leg), http_status=status)))
         events.append(LegAnswered(leg))
     events.append(LegAnswered(Leg.PREFILL, _GOOD))
+    events.append(LegAnswered(Leg.PREFILL, _LATE))  # past the lease, when there is one
     events.append(LegAnswered(Leg.ENCODE, _GOOD))  # KV from a leg that is not the prefill
     return events
 
@@ -167,6 +173,10 @@ def _cases(steps: list[Step], exchange: Exchange[str]) -> set[str]:
         found.add("late failure")
     if isinstance(finish.error, MissingKvTransferParams):
         found.add("handoff refused")
+    if any(isinstance(p.after, KvLeaseExpired) for p in plans) or isinstance(
+        finish.error, KvLeaseExpired
+    ):
+        found.add("lease ran out")
     if any(isinstance(s.event, Planned) and Leg.ENCODE in s.event.legs for s in steps):
         found.add("E/P/D")
     if finish.outcome == "pd_request_timeout":
@@ -205,6 +215,7 @@ def test_each_case_is_reached_in_a_fair_share_of_the_walks() -> None:
         "retried",
         "late failure",
         "handoff refused",
+        "lease ran out",
         "E/P/D",
         "deadline",
         "no worker left to retry on",

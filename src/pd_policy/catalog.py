@@ -34,6 +34,7 @@ from .errors import (
     PolicyError,
     Unauthorized,
 )
+from .kv_lease import KvLeaseExpired
 from .media_errors import MediaFetchFailed, MediaRefused, MediaUnreachable, MissingMediaIdentity
 from .wire_errors import LegRoutesDiffer, MediaOnBlindDecode
 from .worker_errors import WorkerFailedToStart, WorkerStreamError
@@ -60,6 +61,7 @@ _POLICY_ERRORS: Final = (
     MediaOnBlindDecode,
     LegRoutesDiffer,
     MissingKvTransferParams,
+    KvLeaseExpired,
     MissingEncoderOutput,
     MissingMediaIdentity,
     MultimodalNotSupported,

@@ -92,6 +92,13 @@ def _check_dp_size(_inst: object, _attr: attrs.Attribute[int], value: int) -> No
         raise InvalidConfiguration("dp_size must be a positive integer", "dp_size")
 
 
+def _check_lease(_inst: object, _attr: attrs.Attribute[float | None], value: float | None) -> None:
+    if value is None:
+        return
+    if type(value) not in (int, float) or not 0 < value < float("inf"):
+        raise InvalidConfiguration("lease must be a positive number of seconds", "lease")
+
+
 def _empty_to_none(value: object) -> object:
     return None if value == "" else value
 
@@ -104,11 +111,13 @@ class PrefillKv:
     the worker's ``kv_engine_id`` (empty or ``None`` when it reports none),
     ``bootstrap_host`` the host of the worker's address and ``bootstrap_port``
     the operator's Mooncake bootstrap port; ``dp_size`` and ``dp_rank`` are its
-    data parallelism and the rank this router pins, if any.
+    data parallelism and the rank this router pins, if any. ``lease``: the seconds it
+    keeps a request's KV for the decode after it answers (NIXL's ``kv_lease_duration``,
+    [`kv_lease`][pd_policy.kv_lease]); ``None`` when it keeps it without a lease.
 
     Raises [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for Mooncake
     without a bootstrap host, a port outside 1..65535, a data-parallel size
-    below 1, or a rank outside it.
+    below 1, a rank outside it, or a lease that is not a positive number.
     """
 
     mode: KvConnectorMode = attrs.field(
@@ -129,6 +138,7 @@ class PrefillKv:
     bootstrap_port: int = attrs.field(default=DEFAULT_BOOTSTRAP_PORT, validator=_check_port)
     dp_size: int = attrs.field(default=1, validator=_check_dp_size)
     dp_rank: int | None = attrs.field(default=None)
+    lease: float | None = attrs.field(default=None, validator=_check_lease)
 
     def __attrs_post_init__(self) -> None:
         if self.mode is KvConnectorMode.MOONCAKE and self.bootstrap_host is None:
@@ -175,7 +185,9 @@ class KvHandoff:
     ``relays``: put the KV parameters the prefill returns on the decode leg.
     ``dp_rank`` is the data-parallel rank to pin the prefill leg to. ``mode`` is the
     contract planned for: the post-prefill check reads the fields it requires
-    ([`ensure_kv_handoff`][pd_policy.handoff.ensure_kv_handoff]).
+    ([`ensure_kv_handoff`][pd_policy.handoff.ensure_kv_handoff]). ``lease``: the prefill's
+    lease on the KV it hands over ([`PrefillKv`][pd_policy.connectors.PrefillKv]), which
+    the decode leg must be sent within ([`check_kv_lease`][pd_policy.kv_lease.check_kv_lease]).
     """
 
     runs_prefill: bool
@@ -188,6 +200,7 @@ class KvHandoff:
     mode: KvConnectorMode = attrs.field(
         kw_only=True, validator=instance_of(KvConnectorMode, error=InvalidConfiguration)
     )
+    lease: float | None = attrs.field(default=None, kw_only=True, validator=_check_lease)
 
 
 def _json(params: dict[str, object]) -> str:
@@ -212,7 +225,11 @@ def plan_kv_handoff(kv: PrefillKv, *, n: int, transfer_id: str | None = None) ->
         return KvHandoff(runs_prefill=False, decode_legacy=legacy, mode=mode)
     if mode in (KvConnectorMode.NIXL, KvConnectorMode.NIXL_PUSH, KvConnectorMode.TRANSFER):
         return KvHandoff(
-            runs_prefill=True, prefill_params=NIXL_PREFILL_PARAMS, relays=True, mode=mode
+            runs_prefill=True,
+            prefill_params=NIXL_PREFILL_PARAMS,
+            relays=True,
+            mode=mode,
+            lease=kv.lease,
         )
     if mode is KvConnectorMode.PASSTHROUGH:
         return KvHandoff(runs_prefill=True, relays=True, mode=mode)

@@ -52,6 +52,9 @@ class Stand:
     cut_stream: bool = False
     #: Seconds each chat request takes.
     delay: float = 0.0
+    #: Fail each decode leg as vLLM does when its KV load fails (kv_load_failure_policy
+    #: "fail"): a 500 whole, or a stream of the role, then the error event.
+    load_fails: bool = False
     calls: list[dict[str, Any]] = attrs.field(factory=list)
     url: str = ""
     in_flight: int = 0
@@ -102,6 +105,8 @@ class Stand:
                       "remote_host": "127.0.0.1", "remote_port": 1}  # fmt: skip
             return web.json_response({"prompt_token_ids": [1, 2, 3, 4],
                                       "kv_transfer_params": params})  # fmt: skip
+        if self.load_fails:
+            return await _failed_load(request, stream=bool(body.get("stream")))
         if not body.get("stream"):
             return web.json_response({"object": "chat.completion", "worker": self.name,
                                       "form": "stripped" if "image_url" not in json.dumps(body)
@@ -113,6 +118,29 @@ class Stand:
             raise ConnectionResetError("cut")  # aiohttp drops the connection
         await response.write(b"data: [DONE]\n\n")
         return response
+
+
+#: vLLM's error body for a request that failed in its engine (a failed KV load among them).
+FAILED_LOAD: dict[str, Any] = {"error": {"message": "Internal server error",
+                                         "type": "InternalServerError", "param": None,
+                                         "code": 500}}  # fmt: skip
+#: vLLM's first event of a chat stream: each choice's role, sent with the engine's first
+#: output, a failed load's included.
+ROLE: bytes = (b'data: {"id":"chatcmpl-x","object":"chat.completion.chunk","created":1,'
+               b'"model":"tiny","choices":[{"index":0,"delta":{"role":"assistant",'
+               b'"content":""},"logprobs":null,"finish_reason":null}],'
+               b'"prompt_token_ids":[1,2,3,4]}\n\n')  # fmt: skip
+
+
+async def _failed_load(request: web.Request, *, stream: bool) -> web.StreamResponse:
+    if not stream:
+        return web.json_response(FAILED_LOAD, status=500)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(ROLE)
+    await response.write(b"data: " + json.dumps(FAILED_LOAD).encode() + b"\n\n")
+    await response.write(b"data: [DONE]\n\n")
+    return response
 
 
 @contextlib.asynccontextmanager

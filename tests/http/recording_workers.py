@@ -101,7 +101,9 @@ class Recorder:
         if route == GENERATE:
             answer = _generate(body)
         elif route == DERENDER and body.get("stream"):
-            answer = {"chunk": {"choices": [{"delta": {"content": "x"}}]}, "stream_state": 1}
+            # A chunk of a stream is derendered whole, as JSON (vLLM's derender route).
+            chunk = {"chunk": {"choices": [{"delta": {"content": "x"}}]}, "stream_state": 1}
+            return web.json_response(chunk)
         elif route == DERENDER:
             answer = {"object": "chat.completion", "choices": []}
         elif _is_prefill(body):

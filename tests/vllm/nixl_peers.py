@@ -28,7 +28,7 @@ from tiny_models import TinyModel
 __all__ = [
     "LLAVA_BLOCK_BYTES", "PROGRESS_THREAD", "SWITCH_MARK", "NixlCounters", "NixlPair",
     "NixlPairs", "Transfer", "nixl_config", "nixl_counters", "nixl_environment",
-    "nixl_server", "nixl_worker", "progress_thread_off",
+    "nixl_note", "nixl_server", "nixl_worker", "progress_thread_off",
 ]  # fmt: skip
 
 #: Where the switch's ``sitecustomize`` is.
@@ -42,14 +42,25 @@ LLAVA_BLOCK_BYTES: Final = 2 * 2 * BLOCK_SIZE * 64 * 4
 SWITCH_MARK: Final = "pd-policy test switch: NIXL agents without their progress thread"
 
 
-def nixl_config(role: str, connector: str = "NixlConnector") -> dict[str, Any]:
-    """A worker's ``--kv-transfer-config`` on ``connector`` in ``role``, its KV in host memory."""
-    return {"kv_connector": connector, "kv_role": role, "kv_buffer_device": "cpu"}
+def nixl_config(role: str, connector: str = "NixlConnector", **more: Any) -> dict[str, Any]:
+    """A worker's ``--kv-transfer-config`` on ``connector`` in ``role``, its KV in host memory,
+    with ``more`` of it (``kv_load_failure_policy``, ``kv_connector_extra_config``)."""
+    return {"kv_connector": connector, "kv_role": role, "kv_buffer_device": "cpu", **more}
 
 
 def progress_thread_off() -> bool:
     """Whether the servers started here run NIXL without its progress thread."""
     return os.environ.get(PROGRESS_THREAD, "off") == "off"
+
+
+def nixl_note(workers: str) -> str:
+    """What a demo prints of the NIXL its ``workers`` run."""
+    if progress_thread_off():
+        how = (f"NIXL's progress thread off ({PROGRESS_THREAD}=on runs NIXL as shipped: each "
+               "agent's thread busy-polls a core, slow on two)")  # fmt: skip
+    else:
+        how = "NIXL as shipped, its progress thread on"
+    return f"starting {workers} on vLLM's NixlConnector (UCX, KV in host memory), {how}..."
 
 
 def nixl_server(
@@ -62,11 +73,13 @@ def nixl_server(
     language_model_only: bool = False,
     limits: dict[str, int] | None = None,
     extra: tuple[str, ...] = (),
+    kv: dict[str, Any] | None = None,
 ) -> Server:
-    """``vllm serve`` of ``model`` on ``connector`` in ``role``, not yet started."""
+    """``vllm serve`` of ``model`` on ``connector`` in ``role``, not yet started; ``kv``: more
+    of its ``--kv-transfer-config``."""
     server = vllm_server(
         name, model, logs, language_model_only=language_model_only,
-        kv_config=nixl_config(role, connector), limits=limits, extra=extra,
+        kv_config=nixl_config(role, connector, **(kv or {})), limits=limits, extra=extra,
     )  # fmt: skip
     return nixl_worker(server)
 
@@ -87,11 +100,13 @@ def nixl_environment() -> dict[str, str]:
 
 def nixl_worker(server: Server) -> Server:
     """``server`` (not yet started, its command on its ports) made a NIXL worker: a side
-    channel of its own, on a port chosen after its others and chosen again with them on
-    a rebind, and [`nixl_environment`][nixl_peers.nixl_environment]. Returned."""
-    count = len(server.ports)
-    server.ports = candidate_ports(count + 1)
-    server.port_env = lambda ports: {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports[count])}
+    channel of its own, on a port after its others (chosen again with them on a rebind,
+    kept with them when they are ``fixed``, as for a worker restarted where its peers know
+    it), and [`nixl_environment`][nixl_peers.nixl_environment]. Returned."""
+    if not server.fixed:  # one more port: its NIXL side channel's
+        server.ports = candidate_ports(len(server.ports) + 1)
+    side = len(server.ports) - 1
+    server.port_env = lambda ports: {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports[side])}
     server.env.update(nixl_environment())
     return server
 
@@ -99,18 +114,20 @@ def nixl_worker(server: Server) -> Server:
 @attrs.frozen
 class NixlCounters:
     """A worker's NIXL counters (its ``/metrics``): transfers it completed, the bytes they
-    moved, and the transfers that failed. Subtracting two readings gives what happened in
-    between."""
+    moved, the transfers that failed, and (a prefill's) the requests whose KV it released
+    when their lease ran out. Subtracting two readings gives what happened in between."""
 
     transfers: float
     bytes: float
     failed: float
+    expired: float = 0.0
 
     def __sub__(self, earlier: NixlCounters) -> NixlCounters:
         return NixlCounters(
             self.transfers - earlier.transfers,
             self.bytes - earlier.bytes,
             self.failed - earlier.failed,
+            self.expired - earlier.expired,
         )
 
 
@@ -118,6 +135,7 @@ _COUNTERS: Final = {
     "vllm:nixl_xfer_time_seconds_count": "transfers",
     "vllm:nixl_bytes_transferred_sum": "bytes",
     "vllm:nixl_num_failed_transfers_total": "failed",
+    "vllm:nixl_num_kv_expired_reqs_total": "expired",
 }
 
 

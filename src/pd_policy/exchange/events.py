@@ -24,6 +24,7 @@ from ..decision import DecodeForm
 from ..errors import PolicyError
 from ..fleet.placement import Placement
 from ..fleet.roster import Member
+from ..kv_lease import KvLeaseExpired, check_kv_lease
 
 __all__ = [
     "Action",
@@ -73,20 +74,38 @@ BEFORE_DECODE: Final = (Leg.RENDER, Leg.ENCODE, Leg.PREFILL)
 class KvFacts:
     """The KV handoff a decode leg carries: its JSON parameters (an object, or its text)
     and its typed legacy ``(remote_host, remote_port)``, as
-    [`check_kv_handoff`][pd_policy.handoff.check_kv_handoff] reads them."""
+    [`check_kv_handoff`][pd_policy.handoff.check_kv_handoff] reads them; and its ``age``:
+    the seconds from when the router sent the prefill leg to when it read the answer
+    (what [`check_kv_lease`][pd_policy.kv_lease.check_kv_lease] reads; 0 before any
+    prefill answered)."""
 
     params: str | Mapping[str, Any] | None = None
     legacy: tuple[str, int] | None = None
+    age: float = 0.0
 
 
 @attrs.frozen(slots=True)
 class HandoffCheck:
     """What the post-prefill check needs to know of an attempt's plan: the decode ``form``,
-    whether the request is ``multimodal``, and the prefill's handoff contract."""
+    whether the request is ``multimodal``, the prefill's handoff contract, and its
+    ``lease`` on the KV it hands over, in seconds (``None``: none,
+    [`KvHandoff`][pd_policy.connectors.KvHandoff])."""
 
     form: DecodeForm
     multimodal: bool
     mode: KvConnectorMode
+    lease: float | None = None
+
+    def lease_ran_out(self, kv: KvFacts) -> bool:
+        """Whether the handoff ``kv`` a prefill answered with came too late to relay: its
+        age leaves no more than the margin of the prefill's lease
+        ([`check_kv_lease`][pd_policy.kv_lease.check_kv_lease]). A prefill that handed
+        nothing over (no parameters) leaves nothing to expire."""
+        try:
+            check_kv_lease(self.lease if kv.params is not None else None, kv.age)
+        except KvLeaseExpired:
+            return True
+        return False
 
 
 # --- events ------------------------------------------------------------------------

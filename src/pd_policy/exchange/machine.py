@@ -13,8 +13,9 @@ written once, here:
   skipping those its plan does not need; the render goes to the encoder in E/P/D, else
   to the prefill. A render or an encode needs a prefill after it.
 - **Handoff.** The decode leg is never sent before the post-prefill check
-  ([`check_kv_handoff`][pd_policy.handoff.check_kv_handoff]) passes: a stripped
-  multimodal leg without a complete KV handoff ends the exchange with the 502.
+  ([`check_kv_handoff`][pd_policy.handoff.check_kv_handoff]) passes (a stripped multimodal
+  leg without a complete KV handoff: the 502), nor past the prefill's lease on its KV (the
+  prefill leg failed: [`KvLeaseExpired`][pd_policy.kv_lease.KvLeaseExpired], retried).
 - **Blame.** A failed leg is blamed on the member it was sent to, and on no other: that
   member is left out of the next attempt, and penalized (its health counts the failure)
   when the failure is the worker's (a worker error with a 5xx status).
@@ -50,6 +51,7 @@ from ..errors import (
 from ..fleet.placement import Placement
 from ..fleet.roster import Member, Roster
 from ..handoff import check_kv_handoff
+from ..kv_lease import KvLeaseExpired
 from ..worker_errors import WorkerFailedToStart
 from .events import (
     BEFORE_DECODE,
@@ -136,10 +138,6 @@ def settle(roster: Roster[W] | None, actions: tuple[Action, ...]) -> IoAction:
     if chosen is None:
         raise ExchangeError("a step without an I/O action")  # every step has one
     return chosen
-
-
-def _worker_fault(error: PolicyError) -> bool:
-    return isinstance(error, WorkerFailedToStart) and error.status >= 500
 
 
 class Exchange(Generic[W]):
@@ -279,6 +277,8 @@ class Exchange(Generic[W]):
             return Release(members), Credit(members), self.finish
         if event.kv is not None:
             self._kv = event.kv
+            if self._check is not None and self._check.lease_ran_out(event.kv):
+                return self._fail(KvLeaseExpired(), self._member(Leg.PREFILL), Leg.PREFILL)
         self._legs = self._legs[1:]
         return self._next()
 
@@ -286,7 +286,8 @@ class Exchange(Generic[W]):
         self, error: PolicyError, blamed: Member[W] | None, leg: Leg | None
     ) -> tuple[Action, ...]:
         actions: tuple[Action, ...] = ()
-        if blamed is not None and _worker_fault(error):
+        # Held against the worker when it is the worker's fault: a worker error, a 5xx.
+        if blamed is not None and isinstance(error, WorkerFailedToStart) and error.status >= 500:
             actions = (Penalize(blamed),)
         if error.retryable and not self.seen and self.attempt < self.attempts:
             actions = self._release() + actions

@@ -84,7 +84,8 @@ TRANSITIONS: Final[Mapping[Phase, Mapping[type[Any], frozenset[Phase]]]] = Mappi
             **_ANYTIME,
         },
         Phase.PREFILLING: {
-            LegAnswered: frozenset({Phase.DECODING, Phase.FAILED}),
+            # To planning: the answer came past the prefill's lease on its KV, tried again.
+            LegAnswered: frozenset({Phase.DECODING, Phase.PLANNING, Phase.FAILED}),
             LegFailed: frozenset({Phase.PLANNING, Phase.FAILED}),
             **_ANYTIME,
         },

@@ -34,10 +34,14 @@ __all__ = [
 IMAGE_TOKEN_ID: Final = 32000
 _PROMPT_HEAD: Final = (1, 3148, 338, 445)
 _PROMPT_TAIL: Final = (13, 22550, 29901)
+#: What vLLM 0.32's NixlConnector returns from a prefill (every field, and its block ids as
+#: one list per KV cache group: the shape of the vectors' ``fixtures.NIXL``).
 _NIXL_PARAMS: Final = (
-    '{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"prefill-0",'
-    '"remote_request_id":"req-1","remote_block_ids":[0,1],"remote_host":"prefill-0.local",'
-    '"remote_port":5600}'
+    '{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[0,1]],'
+    '"remote_engine_id":"prefill-0","remote_request_id":"chatcmpl-req-1",'
+    '"remote_host":"prefill-0.local","remote_port":5600,"tp_size":1,"dcp_size":1,'
+    '"pp_size":1,"remote_num_tokens":23,"remote_blocks_expiry_time":null,'
+    '"transfer_mode":"pull","remote_prefill_cached_tokens":0}'
 )
 
 

@@ -7,9 +7,12 @@ whose output is tokens (the metadata path,
 [`scale_out`][pd_policy_vllm.openai.plan.scale_out]) is derendered on the decode server
 first, whole or one event at a time.
 
-A client that disconnects cancels the handler; leaving the request's block
-closes the upstream connection, and vLLM aborts a request whose client is gone.
-After the status line has gone out, a failure is the stream's last event.
+A stream's status line waits for the decode's first event that says whether the leg
+started ([`stream_head`][pd_policy_vllm.http.stream_head]): a leg that failed before its
+first output (a KV load that failed) is a typed error, never a 200. A client that
+disconnects cancels the handler; leaving the request's block closes the upstream
+connection, and vLLM aborts a request whose client is gone. After the status line has
+gone out, a failure is the stream's last event.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pd_policy_vllm.http.calls import (
     worker_error,
 )
 from pd_policy_vllm.http.redact import Redactor
+from pd_policy_vllm.http.stream_head import HELD, decisive, event_data, stream_failure
 from pd_policy_vllm.http.upstream import Response, Upstream, UpstreamTimeout
 from pd_policy_vllm.openai.plan.legs import Leg
 from pd_policy_vllm.openai.plan.scale_out import Derender
@@ -66,6 +70,8 @@ async def _derendered(
     async for data in _events(up):
         if data == b"[DONE]":
             break
+        if first and (failure := stream_failure(data, upstream.redactor)) is not None:
+            raise failure  # the leg failed before its first output
         chunk = parsed(data, "decode", "a decode event")
         call = derender.chunk(chunk, state)
         answer = await post_json(upstream, "decode", url + derender.route, call, headers)
@@ -139,20 +145,23 @@ class DecodeRelay:
                     self.response = web.Response(body=body, content_type=_JSON)
                     self.first_byte_at = time.monotonic()
                     return None
-                head = {**_EVENTS, REQUEST_ID_HEADER: self._request_id}
-                out = self.response = web.StreamResponse(headers=head)
-                await out.prepare(self._request)
-                self._streaming, self.first_byte_at = True, time.monotonic()
-                self._first_byte()
                 if leg.derender is None:
+                    # The head waits for the stream's first decisive event (stream_head).
+                    held = await self._held(up)
+                    out = await self._begin()
                     redacting = self._redactor.stream()
+                    if sent := redacting.piece(held):
+                        await out.write(sent)
                     async for piece in up:
                         if sent := redacting.piece(piece):
                             await out.write(sent)
-                    if held := redacting.end():
-                        await out.write(held)
+                    if rest := redacting.end():
+                        await out.write(rest)
                 else:
                     events = _derendered(upstream, url, leg.derender, up, headers)
+                    first = await anext(events)  # a failure before it: no head went out
+                    out = await self._begin()
+                    await out.write(b"data: " + self._redactor.data(first) + b"\n\n")
                     async for event in events:
                         await out.write(b"data: " + self._redactor.data(event) + b"\n\n")
         except (aiohttp.ClientError, PolicyError) as exc:
@@ -169,6 +178,32 @@ class DecodeRelay:
             return error
         await self.end(None)
         return None
+
+    async def _held(self, up: Response) -> bytes:
+        # What the decode streamed up to its first decisive event (or HELD bytes, or its
+        # end), none of it sent yet; raises the failure that event reports.
+        held = b""
+        while len(held) <= HELD:
+            try:
+                held += await anext(up)
+            except StopAsyncIteration:
+                break
+            for data in event_data(held):
+                if decisive(data):
+                    failure = stream_failure(data, self._redactor)
+                    if failure is not None:
+                        raise failure
+                    return held
+        return held
+
+    async def _begin(self) -> web.StreamResponse:
+        # The stream's head goes out: from now on a failure can only end the stream.
+        head = {**_EVENTS, REQUEST_ID_HEADER: self._request_id}
+        out = self.response = web.StreamResponse(headers=head)
+        await out.prepare(self._request)
+        self._streaming, self.first_byte_at = True, time.monotonic()
+        self._first_byte()
+        return out
 
     async def end(self, error: PolicyError | None) -> None:
         """End a stream that has begun: with ``error`` as its last event, when given."""

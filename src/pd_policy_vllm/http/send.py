@@ -3,7 +3,9 @@ answer read into what the next step needs.
 
 A render's answer becomes the plan's prefill (or encode) leg, an encoder's answer the
 prefill leg of a cache consumer, and the prefill's answer the handoff the decode leg
-carries now, which the exchange checks before any decode leg is sent. A prefill leg of
+carries now, with its age (the seconds since the prefill leg went out), which the exchange
+checks before any decode leg is sent (complete, and within the prefill's lease on its
+KV). A prefill leg of
 the client's own body is spliced from the client's bytes; every other leg is written
 anew. Any failure, of the worker or of its answer, is the leg's failure.
 """
@@ -69,9 +71,11 @@ async def send(
             body = spliced if spliced is not None else body
         # Unparsed: the decode leg reads only what it needs, the ids as bytes.
         route = url + plan.prefill_route
+        sent = time.monotonic()
         answer = await post_json(upstream, "prefill", route, body, headers, parse=False)
         attempt.reply, attempt.leg = after_prefill(plan, answer)
-        return LegAnswered(leg, kv_facts(attempt.leg))
+        # Its age counts from the sending, before the prefill's lease on the KV began.
+        return LegAnswered(leg, kv_facts(attempt.leg, time.monotonic() - sent))
     except PolicyError as exc:
         return LegFailed(leg, exc)
     finally:

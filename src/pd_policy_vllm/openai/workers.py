@@ -32,6 +32,7 @@ from pd_policy import (
     derive_supports_vision,
 )
 from pd_policy.authority import host_of_url, worker_url
+from pd_policy.kv_lease import prefill_lease
 from pd_policy.wires import decode_kv_from_config, handoff_mode
 from pd_policy_vllm.kv_events.source import KvSource
 from pd_policy_vllm.openai.media.identity import WorkerMedia
@@ -142,8 +143,9 @@ def prefill_kv_from_config(
     ([`handoff_mode`][pd_policy.wires.handoff_mode], which reads a ``MultiConnector``'s
     connectors and an offloading tier; ``mode`` overrides it, for a connector this
     library does not know), the Mooncake
-    engine id its ``engine_id``, the bootstrap host its URL's host, and the
-    data-parallel size its ``parallel_config``. Raises
+    engine id its ``engine_id``, the bootstrap host its URL's host, the
+    data-parallel size its ``parallel_config``, and a NIXL prefill's lease on its KV
+    its ``kv_lease_duration`` ([`prefill_lease`][pd_policy.kv_lease.prefill_lease]). Raises
     [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a refused or
     unknown connector, saying why.
     """
@@ -152,11 +154,13 @@ def prefill_kv_from_config(
     options: dict[str, Any] = {}
     if bootstrap_port is not None:
         options["bootstrap_port"] = bootstrap_port
+    contract = handoff_mode(kv, stated=mode)
     return PrefillKv(
-        handoff_mode(kv, stated=mode),
+        contract,
         engine_id=kv.get("engine_id") or None,
         bootstrap_host=host_of_url(url),
         dp_size=max(int(parallel.get("data_parallel_size") or 1), 1),
+        lease=prefill_lease(kv, contract),
         **options,
     )
 

@@ -23,6 +23,20 @@ def _planned(*legs: str, form: str = "text_plus_hashes", multimodal: bool = True
     }
 
 
+#: A NIXL prefill with a lease of 30 s on its KV, and its answers: in time, and 26 s after
+#: its leg went out (4 s left, under the 5 s a decode needs).
+_LEASED: Final = {**_planned("prefill"), "mode": "nixl", "lease": 30}
+_NIXL: Final = {
+    "do_remote_prefill": True,
+    "remote_engine_id": "e",
+    "remote_block_ids": [[1]],
+    "remote_host": "h",
+    "remote_port": 9,
+}
+_IN_TIME: Final = {"event": "leg_answered", "leg": "prefill", "kv": {"params": _NIXL, "age": 1}}
+_LATE: Final = {"event": "leg_answered", "leg": "prefill", "kv": {"params": _NIXL, "age": 26}}
+
+
 def _failed(
     leg: str, status: int, *, worker: str | None = None, stream: bool = False
 ) -> dict[str, Any]:
@@ -85,6 +99,16 @@ def exchange_cases(add: Callable[..., None]) -> None:
             "no member left to retry on: the failure that made it try",
             {"prefill": ["p0"], "decode": ["d0"]},
             [*pd, _PREFILLED, _failed("decode", 502)],
+        ),
+        "lease/expired_retried": (
+            "a prefill's answer past its lease: not relayed, its prefill left out, tried again",
+            _TWO,
+            [_BEGIN, _LEASED, _LATE, _LEASED, _IN_TIME, _DECODED],
+        ),
+        "lease/expired_nobody_left": (
+            "a prefill's answer past its lease, no other prefill: the 502",
+            {"prefill": ["p0"], "decode": ["d0"]},
+            [_BEGIN, _LEASED, _LATE],
         ),
         "retry/fetch_then_refused": (
             "a media host that did not answer is retried; a refusal is not",

@@ -58,7 +58,7 @@ from pd_policy.fleet.placement import Placement
 from pd_policy.fleet.roster import Member
 from pd_policy.worker_errors import WorkerFailedToStart, WorkerStreamError
 
-from .reading import field
+from .reading import field, opt_field
 
 __all__ = ["EXCHANGE_OPERATIONS"]
 
@@ -84,8 +84,9 @@ def _kv(event: Mapping[str, Any]) -> KvFacts | None:
     if not isinstance(kv, Mapping):
         raise MalformedRequest("must be an object", param="kv")
     legacy = kv.get("legacy")
+    age = float(opt_field(kv, "age", int) or 0)  # seconds since the prefill leg went out
     if legacy is None:
-        return KvFacts(kv.get("params"))
+        return KvFacts(kv.get("params"), age=age)
     if not (
         isinstance(legacy, list)
         and len(legacy) == 2
@@ -93,7 +94,7 @@ def _kv(event: Mapping[str, Any]) -> KvFacts | None:
         and type(legacy[1]) is int
     ):
         raise MalformedRequest("must be [host, port]", param="kv.legacy")
-    return KvFacts(kv.get("params"), (legacy[0], legacy[1]))
+    return KvFacts(kv.get("params"), (legacy[0], legacy[1]), age)
 
 
 def _error(spec: object) -> PolicyError:
@@ -123,6 +124,7 @@ def _event(item: object) -> Event:
             _enum(DecodeForm, field(item, "form", str), "form"),
             field(item, "multimodal", bool),
             _enum(KvConnectorMode, field(item, "mode", str), "mode"),
+            opt_field(item, "lease", int),  # the prefill's lease on its KV, in seconds
         )
         return Planned(legs, check, _kv(item) or KvFacts())
     if name == "plan_failed":

@@ -31,6 +31,7 @@ from pd_policy import (
 )
 from pd_policy.authority import host_of_url, worker_url
 from pd_policy.decode_kv import DecodeKv
+from pd_policy.kv_lease import prefill_lease
 from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.auth import for_url
 from pd_policy_vllm.http.fleet.members import member_name
@@ -170,5 +171,8 @@ def _prefill_kv(config: Any, url: str, says: OperatorSays) -> PrefillKv:
             param="kv_mode",
         )
     return PrefillKv(
-        says.kv_mode, bootstrap_host=_host(url), bootstrap_port=says.bootstrap_port or 8998
+        says.kv_mode,
+        bootstrap_host=_host(url),
+        bootstrap_port=says.bootstrap_port or 8998,
+        lease=prefill_lease({}, says.kv_mode),  # NIXL's default: the worker says nothing
     )

@@ -16,21 +16,24 @@ from pd_policy_vllm.openai.plan.steps import Plan
 __all__ = ["kv_facts", "planned"]
 
 
-def kv_facts(leg: Request) -> KvFacts:
-    """The handoff the core decode ``leg`` carries, as the exchange checks it."""
+def kv_facts(leg: Request, age: float = 0.0) -> KvFacts:
+    """The handoff the core decode ``leg`` carries, as the exchange checks it; ``age``: the
+    seconds since its prefill leg was sent (0: planned, before any prefill answered)."""
     legacy = leg.kv_legacy
     pair = (legacy.remote_host, legacy.remote_port) if legacy is not None else None
-    return KvFacts(leg.kv_transfer_params, pair)
+    return KvFacts(leg.kv_transfer_params, pair, age)
 
 
 def planned(plan: Plan[Any]) -> Planned:
     """The event of ``plan``: its legs before the decode (a render on the metadata path and
     in E/P/D, an encode in E/P/D, a prefill unless the decode runs alone), the handoff
-    check and the handoff the decode leg carries up front (a minted transfer)."""
+    check (with the prefill's lease on its KV) and the handoff the decode leg carries up
+    front (a minted transfer)."""
     legs = {Leg.PREFILL} if plan.handoff.runs_prefill else set()
     if plan.render is not None:
         legs.add(Leg.RENDER)
     if plan.epd:
         legs.add(Leg.ENCODE)
-    check = HandoffCheck(plan.form, plan.request.has_mm_inputs, plan.handoff.mode)
+    handoff = plan.handoff
+    check = HandoffCheck(plan.form, plan.request.has_mm_inputs, handoff.mode, handoff.lease)
     return Planned(frozenset(legs), check, kv_facts(plan.leg))
