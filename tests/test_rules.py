@@ -27,6 +27,7 @@ from pd_policy import (
     sequential_pd_decode_form,
     unidentified_media,
 )
+from pd_policy.wire_errors import MediaOnBlindDecode
 from strategies import decision_cases, note, requests, workers
 
 Expected = DecodeForm | type[PolicyError]
@@ -37,7 +38,7 @@ NS = (0, 1, 2, 2**32 - 1)
 
 def contract(
     *, lm_only: bool, n: int, grids: bool, refs: bool, mm: bool, metadata: bool, gap: bool,
-    unidentified: bool,
+    unidentified: bool, blind: bool,
 ) -> Expected:  # fmt: skip
     """The contract, read as a flat list of rules: the first that applies decides."""
     several = n > 1
@@ -51,8 +52,11 @@ def contract(
         (refs, MediaRefsOnLanguageModelOnlyDecode),  # 2nd
         (several and (mm or grids), NSamplesOnLanguageModelOnlyDecode),  # 3rd
         (grids and gap, MropeOnLanguageModelOnlyDecode),  # metadata incomplete: says what
+        # A decode that could answer a stripped leg image-blind never gets one.
+        (grids and blind, MediaOnBlindDecode),
         (grids, DecodeForm.MROPE_METADATA),
         (unidentified, MissingMediaIdentity),
+        (blind and mm, MediaOnBlindDecode),
     ]
     return next((outcome for applies, outcome in rules if applies), DecodeForm.TEXT_PLUS_HASHES)
 
@@ -66,6 +70,7 @@ def decided(**facts: bool | int) -> Expected:
             has_mm_inputs=bool(facts["mm"]), takes_mm_metadata=bool(facts["metadata"]),
             metadata_gap=GAP if gap else None,
             unidentified="batches[0].mm_hashes" if facts["unidentified"] else None,
+            blind_to_stripped_media=bool(facts["blind"]),
         )  # fmt: skip
     except PolicyError as exc:
         assert exc.status == 400 and not exc.retryable
@@ -74,7 +79,7 @@ def decided(**facts: bool | int) -> Expected:
         return type(exc)
 
 
-NAMES = ("lm_only", "grids", "refs", "mm", "metadata", "gap", "unidentified")
+NAMES = ("lm_only", "grids", "refs", "mm", "metadata", "gap", "unidentified", "blind")
 COMBINATIONS = [
     dict(zip(NAMES, flags, strict=True), n=n)
     for flags in itertools.product((False, True), repeat=len(NAMES))
@@ -98,6 +103,7 @@ def test_every_outcome_is_reached_by_some_combination() -> None:
         MediaRefsOnLanguageModelOnlyDecode,
         NSamplesOnLanguageModelOnlyDecode,
         MissingMediaIdentity,
+        MediaOnBlindDecode,
     }
 
 
@@ -113,6 +119,7 @@ def test_a_request_is_decided_by_the_contract_over_its_own_facts(
         refs=bool(request.media_refs), mm=bool(request.batches), metadata=metadata,
         gap=metadata and grids and mrope_metadata_gap(request) is not None,
         unidentified=unidentified_media(request) is not None,
+        blind=worker.blind_to_stripped_media,
     )  # fmt: skip
     try:
         assert sequential_pd_decode_form(request, worker) is expected
