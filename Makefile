@@ -54,11 +54,11 @@ demo-live: $(VENV)/.test
 demo-http: $(VENV)/.test
 	$(PY) examples/live_http.py
 
-# Optional: E/P/D (encoder -> prefill -> decode) on real `vllm serve` workers (about 3 min).
+# Optional: E/P/D (encoder -> prefill -> decode) on real `vllm serve` workers, KV on NIXL (about 5 min).
 demo-epd: $(VENV)/.test
 	$(PY) examples/live_epd.py
 
-# Optional: video and audio through P/D and E/P/D on real `vllm serve` workers, and one URL
+# Optional: video and audio through P/D and E/P/D on real `vllm serve` workers (KV on NIXL), and one URL
 # serving new content (about 5 min).
 demo-media: $(VENV)/.test
 	$(PY) examples/live_media.py
@@ -68,7 +68,7 @@ demo-media: $(VENV)/.test
 demo-ray: $(VENV)/.test
 	$(PY) examples/live_ray.py
 
-# Optional: the proxy over two prefills and two decodes, one decode killed and brought back
+# Optional: the proxy over two prefills and two decodes on NIXL, one decode killed and brought back
 # (about 4 min).
 demo-fleet: $(VENV)/.test
 	$(PY) examples/live_fleet.py

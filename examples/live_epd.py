@@ -4,7 +4,10 @@
 locally, no model hub), it starts on 127.0.0.1 an encoder-only worker
 (``ec_producer``), a prefill worker that consumes its cache (``ec_consumer``, KV
 producer), a ``--language-model-only`` decode worker (KV consumer) and a plain
-full-vision prefill, the baseline, with the proxy in front of the first three. It sends
+full-vision prefill, the baseline, with the proxy in front of the first three. The KV
+goes over vLLM's ``NixlConnector`` (both prefills NIXL producers the decode reads), NIXL's
+progress thread off by the tests' switch (``PD_POLICY_TEST_NIXL_PROGRESS_THREAD=on`` runs
+it as shipped); the encoder's cache goes over vLLM's example encoder-cache connector. It sends
 images A, B, A through the proxy and to the baseline, and prints one table: the
 tokens, whether they and their log-probabilities match, and the bytes of pixels
 each leg carried. Then it stops every process it started, by process id.
@@ -37,12 +40,14 @@ def main() -> int:
     from epd_peers import answer, chat_body, epd_fleet
     from http_fleets import http_fleet
     from llava_prompts import TEXT
+    from nixl_peers import nixl_note
     from qwen_prompts import _WORDS
     from router_side import image
     from tiny_models import build_llava, build_qwen2vl
 
     from pd_policy_vllm.openai.plan.scale_out import GENERATE
 
+    print(nixl_note("the workers' KV"), flush=True)
     work = Path(tempfile.mkdtemp(prefix="pd-policy-epd-demo-"))
     qwen_words = " ".join(_WORDS[(i * 7) % len(_WORDS)] for i in range(66))
     llava_words = TEXT
@@ -57,7 +62,9 @@ def main() -> int:
         def body(seed: int, side: int | None = side, words: str = words) -> dict[str, Any]:
             return chat_body(image(seed, side=side) if side else image(seed), words)
 
-        servers = http_fleet(model, work / f"{name}-servers", scale_out=mrope, limits=limits)
+        servers = http_fleet(
+            model, work / f"{name}-servers", scale_out=mrope, limits=limits, nixl=True
+        )
         with servers as running, epd_fleet(running, mrope=mrope) as fleet:
             for label, seed in (("A", 1), ("B", 2), ("A", 1)):
                 want = answer(fleet.baseline, body(seed))

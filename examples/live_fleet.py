@@ -3,12 +3,13 @@ brought back.
 
 ``make demo-fleet`` runs it. It builds the tests' tiny LLaVA (no model hub) and starts,
 on 127.0.0.1, two full-vision prefill servers (KV producers) and two
-``--language-model-only`` decode servers (KV consumers) on the transfer connector, each
-with ``--api-key``, and the proxy in front of them, which takes the workers' key from
-its environment, its clients' from a file and its admin's (for ``/admin/workers``, which
-no client's key admits) from the environment. It sends mixed image and text traffic,
-kills one decode mid-run, sends more, restarts it and waits until the proxy routes to
-it again. The prefills publish their KV events and the proxy routes by them
+``--language-model-only`` decode servers (KV consumers) on vLLM's ``NixlConnector``
+(NIXL's progress thread off by the tests' switch; ``PD_POLICY_TEST_NIXL_PROGRESS_THREAD=on``
+runs it as shipped), each with ``--api-key``, and the proxy in front of them, which takes
+the workers' key from its environment, its clients' from a file and its admin's (for
+``/admin/workers``, which no client's key admits) from the environment. It sends mixed
+image and text traffic, kills one decode mid-run, sends more, restarts it and waits until
+the proxy routes to it again. The prefills publish their KV events and the proxy routes by them
 (``--kv-routing``): a conversation about one image is followed up, and the follow-up
 lands on the prefill that holds the image's blocks, which reports them cached. It prints
 the answers beside the baseline's (the first prefill, sent plain requests), the spread
@@ -39,6 +40,7 @@ sys.path.insert(0, str(ROOT / "tests" / "vllm"))  # the model builder and server
 def main() -> int:
     from http_peers import data_url
     from llava_prompts import TEXT
+    from nixl_peers import nixl_note
     from pool_fleet import ADMIN_KEY, CLIENT_KEY, WORKER_KEY, fleet_proxy, pool_fleet
     from router_side import image
     from servers import running
@@ -79,7 +81,8 @@ def main() -> int:
         return {"model": "tiny", "messages": [{"role": "user", "content": content}],
                 "max_tokens": 4, "temperature": 0}  # fmt: skip
 
-    with pool_fleet(llava, work / "pool", kv_events=True) as pool:
+    print(nixl_note("four vllm serve workers"), flush=True)
+    with pool_fleet(llava, work / "pool", kv_events=True, nixl=True) as pool:
         server = fleet_proxy(pool, "--kv-routing")
         with running([server]):
             url = server.url

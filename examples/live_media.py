@@ -4,7 +4,10 @@
 no model hub) and, one model at a time, starts real ``vllm serve`` workers on 127.0.0.1:
 for Qwen2-VL a full-vision prefill (also the full server to match), a
 ``--language-model-only`` decode, an encoder and an E/P/D prefill; for Qwen2-Audio a
-full prefill and a ``--language-model-only`` decode. A proxy in this process sends each
+full prefill and a ``--language-model-only`` decode. The KV goes over vLLM's
+``NixlConnector``, NIXL's progress thread off by the tests' switch
+(``PD_POLICY_TEST_NIXL_PROGRESS_THREAD=on`` runs it as shipped); each row says what NIXL
+moved for it, from the decode's ``/metrics``. A proxy in this process sends each
 request through them, and the same request goes to the full server. A media host on
 127.0.0.1 serves one URL whose content changes between requests. It prints one table,
 with the columns of ``make demo-live``, and stops every process it started, by id.
@@ -38,14 +41,20 @@ def _run(url: str, request: dict[str, Any]) -> tuple[list[int], list[float], dic
     return choice["token_ids"], logprobs, reply.get("kv_transfer_params") or {}
 
 
-def _row(label: str, proxy: str, full: str, request: dict[str, Any], leg: Any) -> Row:
-    """One request through the proxy and to the full server; ``leg`` reads the decode leg."""
-    tokens, logprobs, report = _run(proxy, request)
+def _row(label: str, proxy: str, full: str, request: dict[str, Any], leg: Any, decode: str) -> Row:
+    """One request through the proxy and to the full server; ``leg`` reads the decode leg,
+    and the decode's NIXL counters say what NIXL moved for it."""
+    from nixl_peers import nixl_counters
+
+    before = nixl_counters(decode)
+    tokens, logprobs, _ = _run(proxy, request)
+    moved = nixl_counters(decode) - before
     want, want_logprobs, _ = _run(full, request)
     worst = max(abs(a - b) for a, b in zip(logprobs, want_logprobs, strict=True))
     match = "yes" if tokens == want and worst <= 1e-5 else "NO"
-    return [label, str(tokens), str(want), match, str(report.get("local_cached_tokens", "-")),
-            str(report.get("loaded_tokens", "-")), leg()]  # fmt: skip
+    kv = f"{moved.bytes / 1024:.0f} KiB in {moved.transfers:.0f}"
+    kv += f", {moved.failed:.0f} FAILED" if moved.failed else ""
+    return [label, str(tokens), str(want), match, kv, leg()]
 
 
 def _body(parts: list[dict[str, Any]], words: str) -> dict[str, Any]:
@@ -88,7 +97,8 @@ def qwen_rows(work: Path) -> list[Row]:
     model = build_qwen2vl(work / "qwen2vl")
     rows: list[Row] = []
     limits = {"image": 1, "video": 1}
-    with http_fleet(model, work / "qwen-servers", scale_out=True, limits=limits) as servers:
+    servers_ = http_fleet(model, work / "qwen-servers", scale_out=True, limits=limits, nixl=True)
+    with servers_ as servers:
         prefill, decodes = read_fleet("--prefill", servers.prefill, "--decode", servers.decode)
         # The media host is on 127.0.0.1, which the proxy refuses by default.
         lab = MediaLimits(allow_private_hosts=True)
@@ -100,19 +110,43 @@ def qwen_rows(work: Path) -> list[Row]:
                 return _media_bytes(next(b for b in reversed(generates) if "features" in b))
 
             for name in ("A", "B", "A"):
-                rows.append(_row(f"video {name}, P/D", pd.url, servers.baseline,
-                                 _body([clips[name]], f"pd {words}"), last))  # fmt: skip
+                rows.append(
+                    _row(
+                        f"video {name}, P/D",
+                        pd.url,
+                        servers.baseline,
+                        _body([clips[name]], f"pd {words}"),
+                        last,
+                        servers.decode,
+                    )
+                )
             both = [{"type": "image_url", "image_url": {"url": data_url(A)}}, clips["B"]]
-            rows.append(_row("image A + video B, P/D", pd.url, servers.baseline,
-                             _body(both, f"both {words}"), last))  # fmt: skip
+            rows.append(
+                _row(
+                    "image A + video B, P/D",
+                    pd.url,
+                    servers.baseline,
+                    _body(both, f"both {words}"),
+                    last,
+                    servers.decode,
+                )
+            )
             for name, picture in (("A", A), ("B", B)):
                 buffer = io.BytesIO()
                 picture.save(buffer, format="PNG")
                 url = host.serve("latest.png", buffer.getvalue(), "image/png")
                 part = {"type": "image_url", "image_url": {"url": url}}
                 # The full server fetches the URL itself, and gets what it serves now.
-                rows.append(_row(f"one URL, now image {name}", pd.url, servers.baseline,
-                                 _body([part], f"url {words}"), last))  # fmt: skip
+                rows.append(
+                    _row(
+                        f"one URL, now image {name}",
+                        pd.url,
+                        servers.baseline,
+                        _body([part], f"url {words}"),
+                        last,
+                        servers.decode,
+                    )
+                )
         with epd_fleet(servers, mrope=True) as epd:
 
             def epd_last() -> str:
@@ -120,7 +154,8 @@ def qwen_rows(work: Path) -> list[Row]:
 
             for name in ("A", "B"):
                 rows.append(_row(f"video {name}, E/P/D", epd.proxy.url, servers.baseline,
-                                 _body([clips[name]], f"epd {words}"), epd_last))  # fmt: skip
+                                 _body([clips[name]], f"epd {words}"), epd_last,
+                                 servers.decode))  # fmt: skip
     return rows
 
 
@@ -136,7 +171,7 @@ def audio_rows(work: Path) -> list[Row]:
     model = build_qwen2audio(work / "qwen2audio")
     clips = {"A": audio_clip(1), "B": audio_clip(2)}
     rows: list[Row] = []
-    with pd_fleet(model, work / "audio-servers", limits={"audio": 1}) as servers:
+    with pd_fleet(model, work / "audio-servers", limits={"audio": 1}, nixl=True) as servers:
         prefill, decodes = read_fleet("--prefill", servers.prefill, "--decode", servers.decode)
         # The media host is on 127.0.0.1, which the proxy refuses by default.
         lab = MediaLimits(allow_private_hosts=True)
@@ -148,24 +183,51 @@ def audio_rows(work: Path) -> list[Row]:
 
             for name in ("A", "B", "A"):
                 request = _body([input_audio(clips[name])], "what is this sound")
-                rows.append(_row(f"audio {name} (input_audio), P/D", pd.url, servers.baseline,
-                                 request, last))  # fmt: skip
+                rows.append(
+                    _row(
+                        f"audio {name} (input_audio), P/D",
+                        pd.url,
+                        servers.baseline,
+                        request,
+                        last,
+                        servers.decode,
+                    )
+                )
             url = data_url_of(clips["B"], "audio/wav")
             part = {"type": "audio_url", "audio_url": {"url": url}}
-            rows.append(_row("audio B (audio_url), P/D", pd.url, servers.baseline,
-                             _body([part], "what is this sound"), last))  # fmt: skip
+            rows.append(
+                _row(
+                    "audio B (audio_url), P/D",
+                    pd.url,
+                    servers.baseline,
+                    _body([part], "what is this sound"),
+                    last,
+                    servers.decode,
+                )
+            )
             for name in ("A", "B"):
                 url = host.serve("latest.wav", clips[name], "audio/wav")
                 remote = {"type": "audio_url", "audio_url": {"url": url}}
-                rows.append(_row(f"one URL, now audio {name}", pd.url, servers.baseline,
-                                 _body([remote], "what is this sound"), last))  # fmt: skip
+                rows.append(
+                    _row(
+                        f"one URL, now audio {name}",
+                        pd.url,
+                        servers.baseline,
+                        _body([remote], "what is this sound"),
+                        last,
+                        servers.decode,
+                    )
+                )
     return rows
 
 
 def main() -> int:
+    from nixl_peers import nixl_note
+
+    print(nixl_note("the workers"), flush=True)
     work = Path(tempfile.mkdtemp(prefix="pd-policy-media-demo-"))
-    header = ["request", "decode output", "one full server", "match", "decode cache hit",
-              "KV loaded", "decode leg"]  # fmt: skip
+    header = ["request", "decode output", "one full server", "match", "NIXL moved",
+              "decode leg"]  # fmt: skip
     rows = [header, *qwen_rows(work), *audio_rows(work)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     print()

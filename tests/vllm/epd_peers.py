@@ -19,12 +19,15 @@ import attrs
 from aiohttp import web
 from http_fleets import HttpFleet
 from http_peers import InProcessProxy, ThreadedSite, data_url, http_json
+from nixl_peers import nixl_config
 
 from pd_policy import EncoderCacheRole, KvConnectorMode, PrefillKv, Support, WorkerCapability
 from pd_policy_vllm.http import HttpWorker
 from pd_policy_vllm.http.proxy import Proxy
+from pd_policy_vllm.openai.workers import prefill_kv_from_config
 
-#: The live servers hand KV over with pd-policy's TransferConnector.
+#: The live servers hand KV over with pd-policy's TransferConnector (unless the fleet's
+#: ``nixl``: vLLM's NixlConnector).
 TRANSFER_KV = PrefillKv(KvConnectorMode.TRANSFER)
 
 __all__ = ["EncoderStandIn", "EpdFleet", "answer", "chat_body", "epd_fleet"]
@@ -67,6 +70,14 @@ class EpdFleet:
         return Proxy(prefill, [decode], mrope=self.mrope, encoder=stand_in)
 
 
+def _prefill_kv(servers: HttpFleet) -> PrefillKv:
+    # How the E/P/D prefill hands KV over, as the proxy would read it from its server.
+    if not servers.nixl:
+        return TRANSFER_KV
+    config = {"kv_transfer_config": nixl_config("kv_producer")}
+    return prefill_kv_from_config(config, servers.epd_prefill)
+
+
 @contextmanager
 def epd_fleet(servers: HttpFleet, *, mrope: bool) -> Iterator[EpdFleet]:
     """The E/P/D chain of ``servers`` behind a recording proxy; ``mrope``: the decode takes
@@ -80,7 +91,7 @@ def epd_fleet(servers: HttpFleet, *, mrope: bool) -> Iterator[EpdFleet]:
             servers.epd_prefill,
             WorkerCapability(encoder_cache=consumer),
             renders=True,
-            kv=TRANSFER_KV,
+            kv=_prefill_kv(servers),
         ),
         HttpWorker(servers.decode, capability, renders=servers.scale_out),
         HttpWorker(servers.encoder, WorkerCapability(encoder_cache=producer), renders=True),

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import attrs
 from http_peers import vllm_server
-from live_engines import connector
+from nixl_peers import kv_worker
 from servers import running
 from tiny_models import TinyModel
 
@@ -50,6 +50,8 @@ class HttpFleet:
     #: Where the servers log.
     logs: Path
     scale_out: bool
+    #: The KV goes over vLLM's ``NixlConnector``, not the ``TransferConnector``.
+    nixl: bool = False
 
     @property
     def baseline(self) -> str:
@@ -60,10 +62,12 @@ class HttpFleet:
 @contextmanager
 def http_fleet(
     model: TinyModel, root: Path, *, scale_out: bool, limits: dict[str, int],
-    prefill_extra: tuple[str, ...] = (),
+    prefill_extra: tuple[str, ...] = (), nixl: bool = False,
 ) -> Iterator[HttpFleet]:  # fmt: skip
     """Start the four workers of ``model`` (logs, stores and transfers under ``root``);
-    ``prefill_extra`` are more flags for the plain prefill."""
+    ``prefill_extra`` are more flags for the plain prefill. ``nixl``: the KV goes over
+    vLLM's ``NixlConnector`` (both prefills are NIXL producers the decode reads), not the
+    ``TransferConnector``."""
     root.mkdir(parents=True, exist_ok=True)
     store, transfers = root / "encoder-cache", root / "transfers"
     plain = _SCALE_OUT if scale_out else ()
@@ -71,18 +75,18 @@ def http_fleet(
     def ec(role: EncoderCacheRole) -> tuple[str, ...]:
         return ("--ec-transfer-config", json.dumps(ec_transfer_config(role, store)))
 
-    p = vllm_server("prefill", model, root, kv_config=connector("kv_producer", transfers),
-                    limits=limits, extra=(*plain, *prefill_extra))  # fmt: skip
-    d = vllm_server("decode", model, root, language_model_only=True,
-                    kv_config=connector("kv_consumer", transfers), extra=plain)  # fmt: skip
+    p = kv_worker("prefill", model, root, "kv_producer", nixl=nixl, transfers=transfers,
+                  limits=limits, extra=(*plain, *prefill_extra))  # fmt: skip
+    d = kv_worker("decode", model, root, "kv_consumer", nixl=nixl, transfers=transfers,
+                  language_model_only=True, extra=plain)  # fmt: skip
     e = vllm_server("encoder", model, root, limits=limits,
                     extra=(*_SCALE_OUT, *ec(EncoderCacheRole.PRODUCER)))  # fmt: skip
-    q = vllm_server(
-        "epd-prefill", model, root, kv_config=connector("kv_producer", transfers), limits=limits,
+    q = kv_worker(
+        "epd-prefill", model, root, "kv_producer", nixl=nixl, transfers=transfers, limits=limits,
         extra=(*_SCALE_OUT, *ec(EncoderCacheRole.CONSUMER)),
     )  # fmt: skip
     with running([p, d, e, q]):
-        yield HttpFleet(p.url, d.url, e.url, q.url, store, root, scale_out)
+        yield HttpFleet(p.url, d.url, e.url, q.url, store, root, scale_out, nixl)
 
 
 @attrs.frozen
@@ -101,13 +105,16 @@ class PdFleet:
 
 
 @contextmanager
-def pd_fleet(model: TinyModel, root: Path, *, limits: dict[str, int]) -> Iterator[PdFleet]:
-    """Start a P/D pair of ``model``: two servers, for a model no other path runs."""
+def pd_fleet(
+    model: TinyModel, root: Path, *, limits: dict[str, int], nixl: bool = False
+) -> Iterator[PdFleet]:
+    """Start a P/D pair of ``model``: two servers, for a model no other path runs; on
+    vLLM's ``NixlConnector`` when ``nixl``."""
     root.mkdir(parents=True, exist_ok=True)
     transfers = root / "transfers"
-    p = vllm_server("prefill", model, root, kv_config=connector("kv_producer", transfers),
-                    limits=limits)  # fmt: skip
-    d = vllm_server("decode", model, root, language_model_only=True,
-                    kv_config=connector("kv_consumer", transfers))  # fmt: skip
+    p = kv_worker("prefill", model, root, "kv_producer", nixl=nixl, transfers=transfers,
+                  limits=limits)  # fmt: skip
+    d = kv_worker("decode", model, root, "kv_consumer", nixl=nixl, transfers=transfers,
+                  language_model_only=True)  # fmt: skip
     with running([p, d]):
         yield PdFleet(p.url, d.url, root)

@@ -21,13 +21,13 @@ from typing import Any, Final
 
 import attrs
 from http_peers import proxy, vllm_server
-from live_engines import BLOCK_SIZE
+from live_engines import BLOCK_SIZE, connector
 from servers import Server, candidate_ports, running
 from tiny_models import TinyModel
 
 __all__ = [
     "LLAVA_BLOCK_BYTES", "PROGRESS_THREAD", "SWITCH_MARK", "NixlCounters", "NixlPair",
-    "NixlPairs", "Transfer", "nixl_config", "nixl_counters", "nixl_environment",
+    "NixlPairs", "Transfer", "kv_worker", "nixl_config", "nixl_counters", "nixl_environment",
     "nixl_note", "nixl_server", "nixl_worker", "progress_thread_off",
 ]  # fmt: skip
 
@@ -82,6 +82,19 @@ def nixl_server(
         kv_config=nixl_config(role, connector, **(kv or {})), limits=limits, extra=extra,
     )  # fmt: skip
     return nixl_worker(server)
+
+
+def kv_worker(
+    name: str, model: TinyModel, logs: Path, role: str, *, nixl: bool, transfers: Path,
+    **options: Any,
+) -> Server:  # fmt: skip
+    """``vllm serve`` of ``model`` in KV ``role``, not yet started: on vLLM's ``NixlConnector``
+    when ``nixl`` (what the demos run), else on the ``TransferConnector`` over ``transfers``
+    (what the fleets' tests run: they read the decode's own report of each load). ``options``
+    are [`vllm_server`][http_peers.vllm_server]'s."""
+    config = nixl_config(role) if nixl else connector(role, transfers)
+    server = vllm_server(name, model, logs, kv_config=config, **options)
+    return nixl_worker(server) if nixl else server
 
 
 def nixl_environment() -> dict[str, str]:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Final
 
 import attrs
-from http_peers import serves, vllm_server
-from live_engines import connector
+from http_peers import serves
+from nixl_peers import kv_worker
 from servers import START_TIMEOUT, Server, candidate_ports, running, stop_all
 from tiny_models import TinyModel
 
@@ -45,6 +45,8 @@ class Pool:
     root: Path
     servers: dict[str, Server]
     kv_events: bool = False
+    #: The KV goes over vLLM's ``NixlConnector`` (the demo), not the ``TransferConnector``.
+    nixl: bool = False
 
     @property
     def urls(self) -> dict[str, str]:
@@ -67,10 +69,9 @@ class Pool:
         events = self.kv_events and prefill
         if events:
             extra += ("--enable-scale-out", "--enable-prefix-caching")
-        return vllm_server(
-            name, self.model, self.root, language_model_only=language_model_only,
-            kv_config=connector(role, self.root / "transfers"), extra=extra, events=events,
-            ports=ports,
+        return kv_worker(
+            name, self.model, self.root, role, nixl=self.nixl, transfers=self.root / "transfers",
+            language_model_only=language_model_only, extra=extra, events=events, ports=ports,
         )  # fmt: skip
 
     def kill(self, name: str) -> None:
@@ -90,11 +91,14 @@ class Pool:
 
 
 @contextmanager
-def pool_fleet(model: TinyModel, root: Path, *, kv_events: bool = False) -> Iterator[Pool]:
+def pool_fleet(
+    model: TinyModel, root: Path, *, kv_events: bool = False, nixl: bool = False
+) -> Iterator[Pool]:
     """Start the pool of ``model`` (logs and transfers under ``root``); its prefills
-    publishing their KV events when ``kv_events``."""
+    publishing their KV events when ``kv_events``; on vLLM's ``NixlConnector`` when
+    ``nixl`` (a member restarted keeps its NIXL side channel's port with its others)."""
     root.mkdir(parents=True, exist_ok=True)
-    pool = Pool(model, root, {}, kv_events)
+    pool = Pool(model, root, {}, kv_events, nixl)
     for name in ("p1", "p2", "d1", "d2"):
         pool.servers[name] = pool._server(name, language_model_only=name.startswith("d"))
     try:
