@@ -26,7 +26,8 @@ from test_http_front_door import (
 )
 
 from pd_policy import KvConnectorMode, PrefillKv, Support, WorkerCapability
-from pd_policy_vllm.http import HttpWorker, cli
+from pd_policy_vllm.http import HttpWorker
+from pd_policy_vllm.http import serving as serving_module
 from pd_policy_vllm.http.client_gate import GatedRunner
 from pd_policy_vllm.http.flags import front_door, parser
 from pd_policy_vllm.http.front_door import FrontDoor
@@ -179,7 +180,7 @@ def test_the_cli_serves_behind_the_gate_and_ends_on_sigterm(
             super().__init__(*args, **kwargs)
             runners.append(self)
 
-    monkeypatch.setattr(cli, "GatedRunner", Recorded)
+    monkeypatch.setattr(serving_module, "GatedRunner", Recorded)
 
     async def main() -> None:
         calls: list[str] = []
@@ -192,7 +193,7 @@ def test_the_cli_serves_behind_the_gate_and_ends_on_sigterm(
                 [HttpWorker(decode, WorkerCapability(Support.FALSE))],
                 mrope=False, log_requests=False, front_door=front_door(args),
             )  # fmt: skip
-            serving = asyncio.create_task(cli._serve(args, the_proxy))
+            serving = asyncio.create_task(serving_module._serve(args, the_proxy))
             while not (runners and runners[0].addresses):
                 await asyncio.sleep(0.01)
             port = runners[0].addresses[0][1]

@@ -1,12 +1,15 @@
 """``pd-policy-proxy``: run the P/D proxy in front of a fleet of ``vllm serve`` workers.
 
-    pd-policy-proxy --prefill URL [--prefill URL ...] --decode URL [--decode URL ...]
+    pd-policy-proxy [--config FILE] [--prefill URL ...] [--decode URL ...]
                     [--encode URL ...] [--mrope | --no-mrope] [--processes N]
                     [--admin [--admin-allowed-hosts HOSTS]]
 
-At start-up it asks each worker for its configuration (``GET /server_info``, served
-when the worker runs with ``VLLM_SERVER_DEV_MODE=1``); for a worker that does not
-say, the flags do (``--kv-mode``, ``--decode-capability``, ``--allowed-media-domains``).
+Every setting is also a key of the ``--config`` file and an environment variable
+([`config`][pd_policy_vllm.http.config]). At start-up it asks each worker for its
+configuration (``GET /server_info``, served when the worker runs with
+``VLLM_SERVER_DEV_MODE=1``); for a worker that does not say, the file's ``[[workers]]``
+table or the flags do (``--kv-mode``, ``--decode-capability``,
+``--allowed-media-domains``), and a decode nothing describes is language-model-only.
 Whether the model's positions are M-RoPE no worker says: ``--mrope`` or ``--no-mrope``
 is required when a decode worker is language-model-only. Then it probes every worker
 (``--probe-interval``), ejects one that fails, and re-admits it, described anew, when
@@ -22,10 +25,9 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import attrs
 
@@ -35,9 +37,9 @@ from pd_policy import (
     HealthPolicy,
     InvalidConfiguration,
 )
-from pd_policy_vllm.http.aio import access_logger, aiohttp, web
+from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.auth import Keys, read_keys
-from pd_policy_vllm.http.client_gate import GatedRunner
+from pd_policy_vllm.http.config.load import configuration
 from pd_policy_vllm.http.flags import (
     admin_hosts,
     client_uuids,
@@ -50,19 +52,27 @@ from pd_policy_vllm.http.flags import (
 )
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts
 from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
-from pd_policy_vllm.http.fleet.members import Fleet
+from pd_policy_vllm.http.fleet.members import Fleet, member_name
 from pd_policy_vllm.http.fleet.probe import Probe
 from pd_policy_vllm.http.fleet.routing import decode_capability
 from pd_policy_vllm.http.log_filter import install as redact_logs
 from pd_policy_vllm.http.media.fetch import RemoteMedia
 from pd_policy_vllm.http.proxy import Proxy
+from pd_policy_vllm.http.serving import processes, serve
 from pd_policy_vllm.openai.workers import HttpWorker
 
-__all__ = ["main", "parser", "read_encoder", "read_fleet", "read_workers"]
+__all__ = [
+    "configuration",
+    "main",
+    "parser",
+    "probe_of",
+    "read_encoder",
+    "read_fleet",
+    "read_workers",
+    "stated_workers",
+]
 
 logger = logging.getLogger("pd_policy_vllm.http")
-#: How long in-flight requests may take to finish once SIGTERM arrives.
-DRAIN_SECONDS = 120.0
 
 
 async def _described(
@@ -121,17 +131,28 @@ async def read_fleet(args: argparse.Namespace, keys: Keys | None = None) -> Flee
     says = operator_says(args)
     deadline = time.monotonic() + args.startup_timeout
     fleet = Fleet(policy=HealthPolicy(), balance=Balance(args.balance), bound=args.affinity_bound)
+    flagged = (("prefill", args.prefill), ("decode", args.decode), ("encode", args.encode))
+    listed = [(role, url, says) for role, urls in flagged for url in urls]
+    listed += [(role, url, said) for (role, url), said in stated_workers(args).items()]
     async with aiohttp.ClientSession() as session:
-        for role, urls in (
-            ("prefill", args.prefill),
-            ("decode", args.decode),
-            ("encode", args.encode),
-        ):
-            for url in urls:
-                worker = await _described(session, url, role, says, keys, deadline)
-                fleet.add(role, worker)
+        for role, url, said in listed:
+            worker = await _described(session, url, role, said, keys, deadline)
+            fleet.add(role, worker)
     _check_epd(fleet)
     return fleet
+
+
+def stated_workers(args: argparse.Namespace) -> dict[tuple[str, str], OperatorSays]:
+    """What the configuration file says of each of its workers, by role and URL."""
+    says = operator_says(args)
+    return {(e.role, e.url): e.says(says) for e in getattr(args, "workers", ())}
+
+
+def probe_of(args: argparse.Namespace) -> Probe:
+    """How the fleet of ``args`` is probed, each worker described again as the flags or
+    its own table of the configuration file describe it."""
+    stated = {(role, member_name(url)): said for (role, url), said in stated_workers(args).items()}
+    return Probe(interval=args.probe_interval, says=operator_says(args), stated=stated)
 
 
 async def read_workers(args: argparse.Namespace) -> tuple[HttpWorker, list[HttpWorker]]:
@@ -199,8 +220,9 @@ def _configured(
     unknown = [m for m in fleet.of("prefill") if not m.worker.media.rules.known]
     if remote is RemoteMedia.FETCH and unknown:
         raise InvalidConfiguration(
-            "--remote-media fetch needs every prefill worker's media rules: run them with "
-            "VLLM_SERVER_DEV_MODE=1, or pass --allowed-media-domains",
+            "--remote-media fetch needs every prefill worker's media rules: state its "
+            "allowed_media_domains in the configuration file, pass --allowed-media-domains, "
+            "or run it with VLLM_SERVER_DEV_MODE=1",
             param="remote_media",
         )
     lm_only = any(m.worker.capability.language_model_only for m in fleet.of("decode"))
@@ -213,64 +235,18 @@ def _configured(
     return fleet, keys, remote, hosts
 
 
-async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
-    # web.run_app's own runner, made where nothing reaches its sites' protocol factory,
-    # cannot have the client gate in front of each connection: this is run_app's run,
-    # with a GatedRunner. The signals end the wait, not the loop, so that the runner's
-    # cleanup drains the requests in flight before anything is cancelled.
-    loop, stop = asyncio.get_running_loop(), asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    runner = GatedRunner(
-        proxy.app(),
-        proxy.front_door,
-        handler_cancellation=True,
-        access_log=access_logger if args.access_log else None,
-        shutdown_timeout=DRAIN_SECONDS,
-    )
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, args.host, args.port, reuse_port=args.processes > 1).start()
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
-def _run(args: argparse.Namespace, proxy: Proxy) -> None:
-    asyncio.run(_serve(args, proxy))
-
-
-def _processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
-    # N processes on one port (SO_REUSEPORT): the kernel spreads the connections. The
-    # parent forwards SIGTERM and SIGINT, so each child drains, and waits for them all.
-    children = []
-    for _ in range(args.processes):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                _run(args, make())
-            finally:
-                os._exit(0)
-        children.append(pid)
-
-    def forward(signum: int, _frame: object) -> None:
-        for child in children:
-            os.kill(child, signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    status = 0
-    for child in children:
-        _, code = os.waitpid(child, 0)
-        status = status or os.waitstatus_to_exitcode(code)
-    return status
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the proxy until SIGTERM or SIGINT. Exit status 2 for a configuration it cannot
-    serve."""
+    serve; ``--print-config`` prints the effective configuration and exits 0."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = parser().parse_args(argv)
+    try:
+        args, shown = configuration(sys.argv[1:] if argv is None else argv, os.environ)
+    except InvalidConfiguration as exc:
+        print(f"pd-policy-proxy: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(shown, end="")
+        return 0
     try:
         kv_routing(args)  # its flags refused here, before any worker is called
         fleet, keys, remote, hosts = _configured(args)
@@ -278,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pd-policy-proxy: {exc}", file=sys.stderr)
         return 2
     _members(fleet)
-    probe = Probe(interval=args.probe_interval, says=operator_says(args))
+    probe = probe_of(args)
 
     def make() -> Proxy:
         return Proxy(
@@ -301,8 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     if args.processes > 1:
-        return _processes(args, make)
-    _run(args, make())
+        return processes(args, make)
+    serve(args, make())
     return 0
 
 

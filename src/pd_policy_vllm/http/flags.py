@@ -13,15 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from pd_policy import Balance, ClientUuids, InvalidConfiguration, KvConnectorMode
+from pd_policy import Balance, ClientUuids, InvalidConfiguration, KvConnectorMode, __version__
 from pd_policy.wires import decode_kv_from_config
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts, allowed_hosts
 from pd_policy_vllm.http.fleet.describe import CAPABILITIES, OperatorSays
 from pd_policy_vllm.http.fleet.kv_routing import KvRouting
 from pd_policy_vllm.http.limit_flags import (
-    add_limit_flags,
+    add_client_limit_flags,
+    add_media_limit_flags,
+    add_worker_limit_flags,
     front_door,
     media_limits,
     upstream_limits,
@@ -29,6 +31,7 @@ from pd_policy_vllm.http.limit_flags import (
 from pd_policy_vllm.http.media.fetch import RemoteMedia
 
 __all__ = [
+    "GROUPS",
     "admin_hosts",
     "client_uuids",
     "front_door",
@@ -45,20 +48,78 @@ def _bind_host(value: str) -> str:
     return value[1:-1] if value.startswith("[") and value.endswith("]") else value
 
 
+#: The groups of ``--help``, in its order: each setting is in one.
+GROUPS: Final = (
+    "general",
+    "workers",
+    "listening",
+    "routing",
+    "KV routing",
+    "media",
+    "keys and admin",
+    "limits on clients",
+    "limits on workers",
+)
+
+
 def parser() -> argparse.ArgumentParser:
-    """The command line of ``pd-policy-proxy``."""
+    """The command line of ``pd-policy-proxy``: every setting's flag, in ``--help``'s
+    groups; each also a key of ``--config``'s file and an environment variable
+    ([`config`][pd_policy_vllm.http.config])."""
     cli = argparse.ArgumentParser(
-        prog="pd-policy-proxy", description="A P/D proxy in front of vllm serve workers."
+        prog="pd-policy-proxy",
+        description="A P/D proxy in front of vllm serve workers. Every setting is a flag, "
+        "a key of the --config file and a PD_POLICY_<KEY> environment variable; a flag "
+        "wins over the environment, which wins over the file.",
     )
-    add = cli.add_argument
-    add("--prefill", required=True, action="append", help="a prefill worker's URL (repeat)")
-    add("--decode", required=True, action="append", help="a decode worker's URL (repeat)")
+    group = {title: cli.add_argument_group(title) for title in GROUPS}
+    add = group["general"].add_argument
+    add("--version", action="version", version=f"%(prog)s {__version__}")
+    add(
+        "--config",
+        type=Path,
+        metavar="PATH",
+        help="a TOML file of settings and [[workers]] (also $PD_POLICY_CONFIG)",
+    )
+    add(
+        "--print-config",
+        action="store_true",
+        help="print the effective configuration, secrets hidden, and exit",
+    )
+    add = group["workers"].add_argument
+    add("--prefill", action="append", default=[], help="a prefill worker's URL (repeat)")
+    add("--decode", action="append", default=[], help="a decode worker's URL (repeat)")
     add(
         "--encode",
         action="append",
         default=[],
         help="an encoder-only worker's URL (ec_producer; repeat): E/P/D for media",
     )
+    mrope = group["workers"].add_mutually_exclusive_group()
+    mrope.add_argument("--mrope", action="store_true", default=None, help="the model uses M-RoPE")
+    mrope.add_argument("--no-mrope", dest="mrope", action="store_false", help="it does not")
+    add(
+        "--kv-mode",
+        choices=[m.value for m in KvConnectorMode],
+        help="the prefills' handoff contract, when their servers do not say (or override)",
+    )
+    add("--bootstrap-port", type=int, help="the Mooncake bootstrap port (8998)")
+    add(
+        "--decode-capability",
+        choices=sorted(CAPABILITIES),
+        help="the capability of a decode worker that does not describe itself (none: it is "
+        "taken as lm-only, and sent no media)",
+    )
+    add(
+        "--decode-kv-transfer-config",
+        type=_json_object,
+        metavar="JSON",
+        help="the --kv-transfer-config of a decode worker that does not describe itself: "
+        "its connector and kv_load_failure_policy say whether it may take a multimodal "
+        "leg without its media",
+    )
+    add("--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers")
+    add = group["listening"].add_argument
     add(
         "--host",
         type=_bind_host,
@@ -72,53 +133,13 @@ def parser() -> argparse.ArgumentParser:
         default=1,
         help="proxy processes sharing the port (SO_REUSEPORT), each with its own state",
     )
-    mrope = cli.add_mutually_exclusive_group()
-    mrope.add_argument("--mrope", action="store_true", default=None, help="the model uses M-RoPE")
-    mrope.add_argument("--no-mrope", dest="mrope", action="store_false", help="it does not")
     add(
-        "--kv-mode",
-        choices=[m.value for m in KvConnectorMode],
-        help="the prefills' handoff contract, when their servers do not say (or override)",
+        "--no-access-log",
+        dest="access_log",
+        action="store_false",
+        help="log no requests: neither the access log nor the one JSON line a request",
     )
-    add("--bootstrap-port", type=int, help="the Mooncake bootstrap port (8998)")
-    add(
-        "--decode-capability",
-        choices=sorted(CAPABILITIES),
-        help="the capability of a decode worker that does not describe itself",
-    )
-    add(
-        "--decode-kv-transfer-config",
-        type=_json_object,
-        metavar="JSON",
-        help="the --kv-transfer-config of a decode worker that does not describe itself: "
-        "its connector and kv_load_failure_policy say whether it may take a multimodal "
-        "leg without its media",
-    )
-    add(
-        "--remote-media",
-        choices=[m.value for m in RemoteMedia],
-        help="what to do with a remote media URL: fetch it once for every leg (the default "
-        "when the prefill describes its media rules), leave it uncached (the default "
-        "otherwise), or refuse it",
-    )
-    add(
-        "--allowed-media-domains",
-        nargs="*",
-        metavar="HOST",
-        help="the workers' --allowed-media-domains, when their servers do not say (none: any "
-        "host); with it the proxy may fetch remote media for them",
-    )
-    add(
-        "--worker-api-key-file",
-        type=Path,
-        help="a file holding the workers' API key (else $PD_POLICY_WORKER_API_KEY)",
-    )
-    add(
-        "--api-keys-file",
-        type=Path,
-        help="a file of the keys clients may call with, one a line (else $PD_POLICY_API_KEYS;"
-        " none: any client)",
-    )
+    add = group["routing"].add_argument
     add(
         "--attempts",
         type=int,
@@ -144,11 +165,49 @@ def parser() -> argparse.ArgumentParser:
         default=1.25,
         help="a worker takes its media's requests until it holds this x the mean (1.25)",
     )
+    add = group["KV routing"].add_argument
     add(
-        "--admin",
+        "--kv-routing",
         action="store_true",
-        help="serve /admin/workers: list, add and drain workers at run time, to an admin "
-        "key only (one is required)",
+        help="send each request to the prefill whose KV cache holds the most of it, within "
+        "the load bound, as the prefills' KV events say (each run with --kv-events-config "
+        "on tcp://*:PORT, described by its /server_info or the file; chat requests are "
+        "rendered on one with --enable-scale-out); a prefill whose events cannot be "
+        "followed is routed as before",
+    )
+    add(
+        "--kv-hash-seed",
+        metavar="SEED",
+        help="the prefills' PYTHONHASHSEED, when they run with one (it seeds their block hashes)",
+    )
+    add(
+        "--kv-index-blocks",
+        type=int,
+        default=1 << 20,
+        help="the block hashes kept per prefill for KV routing (1048576: 8 MiB or so each)",
+    )
+    add(
+        "--no-render-once",
+        dest="render_once",
+        action="store_false",
+        help="with --kv-routing, send the prefill the client's body even when the lookup "
+        "rendered it (by default its prefill leg is token-in from that render, to the "
+        "prefill's /inference/v1/generate, where the connector allows)",
+    )
+    add = group["media"].add_argument
+    add(
+        "--remote-media",
+        choices=[m.value for m in RemoteMedia],
+        help="what to do with a remote media URL: fetch it once for every leg (the default "
+        "when the prefill describes its media rules), leave it uncached (the default "
+        "otherwise), or refuse it",
+    )
+    add(
+        "--allowed-media-domains",
+        nargs="*",
+        metavar="HOST",
+        help="the workers' --allowed-media-domains, when their servers do not say (none: any "
+        "host); with it the proxy may fetch remote media for them",
     )
     add(
         "--trust-client-uuids",
@@ -156,6 +215,25 @@ def parser() -> argparse.ArgumentParser:
         help="forward a client's media uuid as sent, as vLLM takes it: every client's uuids "
         "then share one namespace, and one tenant's uuid can name another's image (default: "
         "each uuid is scoped to its tenant, the request's cache_salt and API key)",
+    )
+    add_media_limit_flags(group["media"])
+    add = group["keys and admin"].add_argument
+    add(
+        "--worker-api-key-file",
+        type=Path,
+        help="a file holding the workers' API key (else $PD_POLICY_WORKER_API_KEY)",
+    )
+    add(
+        "--api-keys-file",
+        type=Path,
+        help="a file of the keys clients may call with, one a line (else $PD_POLICY_API_KEYS;"
+        " none: any client)",
+    )
+    add(
+        "--admin",
+        action="store_true",
+        help="serve /admin/workers: list, add and drain workers at run time, to an admin "
+        "key only (one is required)",
     )
     add(
         "--admin-api-key",
@@ -178,41 +256,8 @@ def parser() -> argparse.ArgumentParser:
         help="the hosts an admin may add a worker on: names, addresses and CIDR networks "
         "(repeat, or comma-separated; a network matches address literals only) (any)",
     )
-    add(
-        "--kv-routing",
-        action="store_true",
-        help="send each request to the prefill whose KV cache holds the most of it, within "
-        "the load bound, as the prefills' KV events say (each run with --kv-events-config "
-        "on tcp://*:PORT and VLLM_SERVER_DEV_MODE=1; chat requests are rendered on one with "
-        "--enable-scale-out); a prefill whose events cannot be followed is routed as before",
-    )
-    add(
-        "--kv-hash-seed",
-        metavar="SEED",
-        help="the prefills' PYTHONHASHSEED, when they run with one (it seeds their block hashes)",
-    )
-    add(
-        "--kv-index-blocks",
-        type=int,
-        default=1 << 20,
-        help="the block hashes kept per prefill for KV routing (1048576: 8 MiB or so each)",
-    )
-    add(
-        "--no-render-once",
-        dest="render_once",
-        action="store_false",
-        help="with --kv-routing, send the prefill the client's body even when the lookup "
-        "rendered it (by default its prefill leg is token-in from that render, to the "
-        "prefill's /inference/v1/generate, where the connector allows)",
-    )
-    add_limit_flags(cli)
-    add("--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers")
-    add(
-        "--no-access-log",
-        dest="access_log",
-        action="store_false",
-        help="log no requests: neither the access log nor the one JSON line a request",
-    )
+    add_client_limit_flags(group["limits on clients"])
+    add_worker_limit_flags(group["limits on workers"])
     return cli
 
 

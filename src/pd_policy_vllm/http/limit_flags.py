@@ -28,7 +28,9 @@ from pd_policy_vllm.http.upstream import DEFAULT_LIMITS, Limits
 from pd_policy_vllm.openai.wire.body import MAX_BODY
 
 __all__ = [
-    "add_limit_flags",
+    "add_client_limit_flags",
+    "add_media_limit_flags",
+    "add_worker_limit_flags",
     "count",
     "front_door",
     "media_limits",
@@ -51,8 +53,8 @@ def count(value: str, least: int = 0) -> int:
     return number
 
 
-def add_limit_flags(cli: argparse.ArgumentParser) -> None:
-    """Add the limits' flags to ``cli``."""
+def add_media_limit_flags(cli: argparse._ActionsContainer) -> None:
+    """Add the limits on the media the proxy fetches to ``cli`` (a parser or a group)."""
     add = cli.add_argument
     add(
         "--media-max-bytes",
@@ -90,6 +92,11 @@ def add_limit_flags(cli: argparse.ArgumentParser) -> None:
         help="a private network the proxy may fetch media from all the same, such as a "
         "lab's media server's (repeat)",
     )
+
+
+def add_client_limit_flags(cli: argparse._ActionsContainer) -> None:
+    """Add the limits on clients to ``cli`` (a parser or a group)."""
+    add = cli.add_argument
     add(
         "--max-body-mib",
         type=positive,
@@ -145,6 +152,11 @@ def add_limit_flags(cli: argparse.ArgumentParser) -> None:
         help="seconds a whole request may take, its retries included: a 504 after, or the "
         "stream's last event once it has begun (none)",
     )
+
+
+def add_worker_limit_flags(cli: argparse._ActionsContainer) -> None:
+    """Add the limits on the workers' answers to ``cli`` (a parser or a group)."""
+    add = cli.add_argument
     add(
         "--worker-read-timeout",
         type=positive,

@@ -45,7 +45,7 @@ from pd_policy_vllm.openai.workers import (
     prefill_kv_from_config,
 )
 
-__all__ = ["CAPABILITIES", "OperatorSays", "describe", "server_info"]
+__all__ = ["CAPABILITIES", "UNDESCRIBED_DECODE", "OperatorSays", "describe", "server_info"]
 
 _log = logging.getLogger(__name__)
 
@@ -55,6 +55,9 @@ CAPABILITIES: Final = {
     "lm-only": WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.FALSE),
     "lm-only+metadata": WorkerCapability(Support.FALSE, accepts_mm_metadata=Support.TRUE),
 }
+
+#: What a decode worker is taken as when nothing describes it: language-model-only.
+UNDESCRIBED_DECODE: Final = CAPABILITIES["lm-only"]
 
 
 @attrs.frozen(slots=True)
@@ -69,6 +72,10 @@ class OperatorSays:
     capability: WorkerCapability | None = None
     allowed_media_domains: tuple[str, ...] | None = None
     decode_kv: DecodeKv | None = None
+    #: What of a worker's ``vllm_config`` the configuration file states for it (its
+    #: ``kv_transfer_config``, ``kv_events_config`` and ``cache_config``): read as its
+    #: ``/server_info`` would be, for its KV connector and its KV events.
+    stated: Mapping[str, Any] | None = attrs.field(default=None, eq=False)
 
 
 async def server_info(
@@ -141,6 +148,15 @@ async def describe(
         # --decode-capability speaks of the decode workers only; a prefill or an encoder
         # that does not describe itself stays unknown (treated as vision-capable).
         stated = says.capability if role == "decode" else None
+        if role == "decode" and stated is None:
+            # Fail closed: a decode nothing describes may be --language-model-only, and an
+            # image sent there fails deep in its engine. The stripped leg serves both kinds.
+            _log.warning(
+                "decode %s: not described (no /server_info, no capability configured): "
+                "taken as language-model-only, it is sent no media",
+                member_name(url),
+            )
+            stated = UNDESCRIBED_DECODE
         capability = stated if stated is not None else WorkerCapability()
         if role == "decode" and says.decode_kv is not None:
             capability = attrs.evolve(capability, decode_kv=says.decode_kv)
@@ -152,22 +168,27 @@ async def describe(
     kv, events = PrefillKv(KvConnectorMode.NIXL), None
     if role == "prefill":
         kv = _prefill_kv(config, url, says)
-        if isinstance(config, Mapping):
-            events, why = kv_source_from_config(config, url)
+        read = config if isinstance(config, Mapping) else says.stated
+        if isinstance(read, Mapping):
+            events, why = kv_source_from_config(read, url)
             if events is None:
                 _log.info("%s: no KV-event routing on this prefill: %s", member_name(url), why)
     return HttpWorker(url, capability, kv=kv, renders=renders, media=media, kv_events=events)
 
 
 def _prefill_kv(config: Any, url: str, says: OperatorSays) -> PrefillKv:
+    # The server's own configuration, else the file's statement of its connector.
+    stated = says.stated or {}
+    if not isinstance(config, Mapping) and stated.get("kv_transfer_config"):
+        config = stated
     if isinstance(config, Mapping):
         return prefill_kv_from_config(
             config, url, mode=says.kv_mode, bootstrap_port=says.bootstrap_port
         )
     if says.kv_mode is None:
         raise InvalidConfiguration(
-            "a prefill worker does not describe its KV connector (run it with "
-            "VLLM_SERVER_DEV_MODE=1): pass --kv-mode",
+            "a prefill worker does not describe its KV connector: pass --kv-mode, or state "
+            "its kv_transfer_config in the configuration file's [[workers]]",
             param="kv_mode",
         )
     return PrefillKv(

@@ -30,12 +30,18 @@ __all__ = ["Probe", "probe_once", "probing"]
 class Probe:
     """How often members are probed and described (the core's
     [`ProbeTimes`][pd_policy.fleet.probing.ProbeTimes]), and what the operator says of those
-    that do not describe themselves."""
+    that do not describe themselves: ``stated``, by role and member name, for the workers
+    the configuration file describes one by one; ``says`` for the others."""
 
     interval: float = 2.0
     timeout: float = 2.0
     redescribe: float = 30.0
     says: OperatorSays = attrs.field(factory=OperatorSays)
+    stated: Mapping[tuple[str, str], OperatorSays] = attrs.field(factory=dict, eq=False)
+
+    def says_of(self, member: Member) -> OperatorSays:
+        """What the operator says of ``member``: its own description, else the flags'."""
+        return self.stated.get((member.role, member.name), self.says)
 
     @property
     def times(self) -> ProbeTimes:
@@ -62,7 +68,9 @@ async def _described(
     session: aiohttp.ClientSession, member: Member, probe: Probe, headers: Mapping[str, str]
 ) -> HttpWorker | None:
     try:
-        return await describe(session, member.worker.url, member.role, probe.says, headers)
+        return await describe(
+            session, member.worker.url, member.role, probe.says_of(member), headers
+        )
     except (aiohttp.ClientError, TimeoutError, InvalidConfiguration):
         return None
 
