@@ -41,6 +41,8 @@ TEXT: dict[str, tuple[str, Any]] = {
     "host": ("::1", "::1"),
     "port": ("9001", 9001),
     "processes": ("3", 3),
+    "pre_stop_seconds": ("0", 0.0),
+    "drain_seconds": ("2.5", 2.5),
     "access_log": ("false", False),
     "attempts": ("4", 4),
     "probe_interval": ("0.5", 0.5),

@@ -20,6 +20,7 @@ from pd_policy.wires import decode_kv_from_config
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts, allowed_hosts
 from pd_policy_vllm.http.fleet.describe import CAPABILITIES, OperatorSays
 from pd_policy_vllm.http.fleet.kv_routing import KvRouting
+from pd_policy_vllm.http.lifecycle import DRAIN_SECONDS, PRE_STOP_SECONDS
 from pd_policy_vllm.http.limit_flags import (
     add_client_limit_flags,
     add_media_limit_flags,
@@ -132,6 +133,20 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="proxy processes sharing the port (SO_REUSEPORT), each with its own state",
+    )
+    add(
+        "--pre-stop-seconds",
+        type=_seconds,
+        default=PRE_STOP_SECONDS,
+        help="after SIGTERM, seconds new requests are still served while /ready answers "
+        f"503 and a balancer takes the proxy out ({PRE_STOP_SECONDS:g})",
+    )
+    add(
+        "--drain-seconds",
+        type=_seconds,
+        default=DRAIN_SECONDS,
+        help="then, seconds the requests in flight have to finish before they are cut "
+        f"({DRAIN_SECONDS:g}; with the pre-stop, within Kubernetes' 30 s grace)",
     )
     add(
         "--no-access-log",
@@ -259,6 +274,13 @@ def parser() -> argparse.ArgumentParser:
     add_client_limit_flags(group["limits on clients"])
     add_worker_limit_flags(group["limits on workers"])
     return cli
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
+    return value
 
 
 def _json_object(text: str) -> dict[str, Any]:

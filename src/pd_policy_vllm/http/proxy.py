@@ -3,7 +3,7 @@ policy applied.
 
 It serves ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``POST
 /v1/responses`` through a prefill worker and a decode worker (and an encoder, in E/P/D)
-chosen per attempt from its fleet, ``GET /v1/models``, ``GET /health`` and ``GET
+chosen per attempt from its fleet, ``GET /v1/models``, ``GET /health``, ``GET /ready`` and ``GET
 /metrics``, and with ``admin`` the fleet's routes (``/admin/workers``). On ``aiohttp``, a
 vLLM dependency.
 
@@ -41,6 +41,7 @@ from pd_policy_vllm.http.fleet.metrics import CONTENT_TYPE, Metrics
 from pd_policy_vllm.http.fleet.models import fleet_models
 from pd_policy_vllm.http.fleet.probe import Probe, probing
 from pd_policy_vllm.http.front_door import FrontDoor, admit, error_response, refusal
+from pd_policy_vllm.http.lifecycle import Lifecycle
 from pd_policy_vllm.http.log_filter import install as redact_logs
 from pd_policy_vllm.http.media.fetch import RemoteMedia
 from pd_policy_vllm.http.media.guard import MediaLimits
@@ -150,7 +151,7 @@ class Proxy:
             raise ValueError("request_timeout must be positive")
         self.request_timeout = request_timeout
         self.kv_routing, self.render_once = kv_routing, render_once
-        self.draining = False
+        self.lifecycle = Lifecycle(self.fleet)
 
     def app(self) -> web.Application:
         """The ``aiohttp`` application; its client session (and prober) live as long as it.
@@ -162,7 +163,7 @@ class Proxy:
         app.router.add_post(Route.COMPLETIONS.value, self._completions)
         app.router.add_post(RESPONSES, self._responses)
         app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
+        self.lifecycle.routes(app)
         app.router.add_get("/metrics", self._metrics)
         if self.admin:
             says = self.probe.says if self.probe is not None else OperatorSays()
@@ -216,17 +217,12 @@ class Proxy:
                 yield
 
     async def _drain(self, app: web.Application) -> None:
-        # Shutting down: the listening socket is closed; /health says so to a balancer.
-        self.draining = True
+        # Shutting down without SIGTERM's pre-stop (a test's runner, say): not ready.
+        self.lifecycle.draining = True
 
     def session(self, request: web.Request) -> aiohttp.ClientSession:
         """The session the proxy calls its workers with (descriptions, probes, models)."""
         return request.app[_CLIENTS].workers
-
-    async def _health(self, request: web.Request) -> web.Response:
-        if self.draining:
-            return web.json_response({"status": "draining"}, status=503)
-        return web.json_response({"status": "ok"})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         # The fleet's addresses and load: for the clients the keys admit, and the admins.

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
 import os
 import signal
 from collections.abc import Callable
@@ -13,38 +15,50 @@ from pd_policy_vllm.http.aio import access_logger, web
 from pd_policy_vllm.http.client_gate import GatedRunner
 from pd_policy_vllm.http.proxy import Proxy
 
-__all__ = ["DRAIN_SECONDS", "processes", "serve"]
+__all__ = ["processes", "serve"]
 
-#: How long in-flight requests may take to finish once SIGTERM arrives.
-DRAIN_SECONDS = 120.0
+_log = logging.getLogger("pd_policy_vllm.http")
 
 
 async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
     # web.run_app's own runner, made where nothing reaches its sites' protocol factory,
     # cannot have the client gate in front of each connection: this is run_app's run,
     # with a GatedRunner. The signals end the wait, not the loop, so that the runner's
-    # cleanup drains the requests in flight before anything is cancelled.
-    loop, stop = asyncio.get_running_loop(), asyncio.Event()
+    # cleanup drains the requests in flight before anything is cancelled. SIGTERM first
+    # turns /ready 503 and keeps serving for the pre-stop delay (a balancer takes the
+    # proxy out meanwhile); SIGINT (a terminal's ^C) stops at once.
+    loop, stopping = asyncio.get_running_loop(), asyncio.Queue[int]()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, stopping.put_nowait, signum)
     runner = GatedRunner(
         proxy.app(),
         proxy.front_door,
         handler_cancellation=True,
         access_log=access_logger if args.access_log else None,
-        shutdown_timeout=DRAIN_SECONDS,
+        shutdown_timeout=args.drain_seconds,
     )
     await runner.setup()
     try:
-        await web.TCPSite(runner, args.host, args.port, reuse_port=args.processes > 1).start()
-        await stop.wait()
+        site = web.TCPSite(runner, args.host, args.port, reuse_port=args.processes > 1)
+        await site.start()
+        for address in runner.addresses:  # port 0 is the kernel's choice: say which
+            _log.info("listening on %s port %d", address[0], address[1])
+        signum = await stopping.get()
+        proxy.lifecycle.draining = True
+        if signum == signal.SIGTERM and args.pre_stop_seconds > 0:
+            _log.info("SIGTERM: not ready; serving %gs more, then draining for %gs",
+                      args.pre_stop_seconds, args.drain_seconds)  # fmt: skip
+            with contextlib.suppress(TimeoutError):  # a second signal cuts it short
+                await asyncio.wait_for(stopping.get(), args.pre_stop_seconds)
     finally:
         await runner.cleanup()
 
 
 def serve(args: argparse.Namespace, proxy: Proxy) -> None:
     """Serve ``proxy`` on ``args.host`` and ``args.port`` until SIGTERM or SIGINT, then
-    drain: the requests in flight finish, up to ``DRAIN_SECONDS``."""
+    drain ([`lifecycle`][pd_policy_vllm.http.lifecycle]): after SIGTERM, ``/ready`` 503 at
+    once and new requests served for ``args.pre_stop_seconds``; then the listener closes
+    and the requests in flight finish, up to ``args.drain_seconds``."""
     asyncio.run(_serve(args, proxy))
 
 

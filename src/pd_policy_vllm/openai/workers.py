@@ -72,6 +72,9 @@ class HttpWorker:
     #: Where it publishes its KV events and how it names its blocks (a prefill worker's),
     #: when a router can follow them; else ``None``.
     kv_events: KvSource | None = None
+    #: Nothing described it (no ``/server_info``, nothing configured): its capability is
+    #: what a router assumes of such a worker (a decode: language-model-only).
+    assumed: bool = False
 
 
 def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -141,6 +141,7 @@ async def describe(
     route = DERENDER if role == "decode" else RENDER
     renders = await _serves(session, url, route, headers)
     config = info.get("vllm_config") if info is not None else None
+    assumed = False
     if isinstance(config, Mapping):
         capability = capability_from_config(config)
         media = media_from_config(config, info.get("vllm_env") if info else None)
@@ -148,7 +149,8 @@ async def describe(
         # --decode-capability speaks of the decode workers only; a prefill or an encoder
         # that does not describe itself stays unknown (treated as vision-capable).
         stated = says.capability if role == "decode" else None
-        if role == "decode" and stated is None:
+        assumed = role == "decode" and stated is None
+        if assumed:
             # Fail closed: a decode nothing describes may be --language-model-only, and an
             # image sent there fails deep in its engine. The stripped leg serves both kinds.
             _log.warning(
@@ -173,7 +175,9 @@ async def describe(
             events, why = kv_source_from_config(read, url)
             if events is None:
                 _log.info("%s: no KV-event routing on this prefill: %s", member_name(url), why)
-    return HttpWorker(url, capability, kv=kv, renders=renders, media=media, kv_events=events)
+    return HttpWorker(
+        url, capability, kv=kv, renders=renders, media=media, kv_events=events, assumed=assumed
+    )
 
 
 def _prefill_kv(config: Any, url: str, says: OperatorSays) -> PrefillKv:
