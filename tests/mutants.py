@@ -50,6 +50,11 @@ _CHOICE: Final = ("tests/test_balance.py", "tests/test_roster.py", "tests/test_p
 #: The KV wires: the core's table and selection, and the proxy over described stand-ins.
 _WIRES_CORE: Final = ("tests/test_connectors.py", "tests/test_selection.py")
 _WIRES_HTTP: Final = ("tests/http/test_http_wires.py",)
+#: The proxy's configuration: its precedence and its errors, the fleet it describes, and
+#: the proxy's life (readiness, the drain) against a real process and real signals.
+_CONFIG: Final = ("tests/http/test_http_config.py",)
+_CONFIG_FLEET: Final = ("tests/http/test_http_config_fleet.py",)
+_LIFECYCLE: Final = ("tests/http/test_http_lifecycle.py",)
 #: Render once: the plan's choice, and through the proxy over KV stand-ins.
 _RENDER_ONCE: Final = (
     "tests/http/test_http_render_once.py",
@@ -1579,6 +1584,77 @@ MUTANTS: Final = (
         "                    if failure is not None:\n                        raise failure\n",
         "",
         _FAILED_TRANSFER,
+    ),
+    Mutant(
+        "a decode nothing describes is taken as vision-capable (fail open)",
+        "pd_policy_vllm/http/fleet/describe.py",
+        "            stated = UNDESCRIBED_DECODE\n",
+        "            stated = WorkerCapability(Support.TRUE)\n",
+        _CONFIG_FLEET,
+    ),
+    Mutant(
+        "the file wins over the environment",
+        "pd_policy_vllm/http/config/layers.py",
+        """        elif environ.get(setting.env, "") != "":
+            values[key], sources[key] = _from_env(setting, environ[setting.env]), "env"
+        elif key in file:
+            values[key], sources[key] = _from_file(setting, file[key], path), "file"
+""",
+        """        elif key in file:
+            values[key], sources[key] = _from_file(setting, file[key], path), "file"
+        elif environ.get(setting.env, "") != "":
+            values[key], sources[key] = _from_env(setting, environ[setting.env]), "env"
+""",
+        _CONFIG,
+    ),
+    Mutant(
+        "an unknown key of the file is ignored",
+        "pd_policy_vllm/http/config/layers.py",
+        "    _check_keys(file, [s.key for s in settings], path)\n",
+        "",
+        _CONFIG,
+    ),
+    Mutant(
+        "--print-config shows a secret",
+        "pd_policy_vllm/http/config/shown.py",
+        "        if setting.secret:\n",
+        "        if setting.secret and False:\n",
+        _CONFIG,
+    ),
+    Mutant(
+        "a worker the file describes is described by the flags when it comes back",
+        "pd_policy_vllm/http/fleet/probe.py",
+        "        return self.stated.get((member.role, member.name), self.says)\n",
+        "        return self.says\n",
+        _CONFIG_FLEET,
+    ),
+    Mutant(
+        "ready while draining",
+        "pd_policy/fleet/readiness.py",
+        '    why = ["draining: stopping, its requests in flight finishing"] if draining else []\n',
+        "    why: list[str] = []\n",
+        _LIFECYCLE,
+    ),
+    Mutant(
+        "ready with no routable decode",
+        "pd_policy/fleet/readiness.py",
+        'NEEDED_ROLES = ("prefill", "decode")\n',
+        'NEEDED_ROLES = ("prefill",)\n',
+        _LIFECYCLE,
+    ),
+    Mutant(
+        "SIGTERM stops serving at once, no pre-stop",
+        "pd_policy_vllm/http/serving.py",
+        "        if signum == signal.SIGTERM and args.pre_stop_seconds > 0:\n",
+        "        if False:\n",
+        _LIFECYCLE,
+    ),
+    Mutant(
+        "the drain waits for no request in flight",
+        "pd_policy_vllm/http/serving.py",
+        "        shutdown_timeout=args.drain_seconds,\n",
+        "        shutdown_timeout=0,\n",
+        _LIFECYCLE,
     ),
 )
 
