@@ -1650,6 +1650,20 @@ MUTANTS: Final = (
         _LIFECYCLE,
     ),
     Mutant(
+        "a proxy process that dies is not restarted",
+        "pd_policy_vllm/http/serving.py",
+        "            continue\n        start()\n",
+        "            continue\n",
+        ("tests/http/test_http_processes.py",),
+    ),
+    Mutant(
+        "each process binds port 0 on its own",
+        "pd_policy_vllm/http/serving.py",
+        '    args = argparse.Namespace(**{**vars(args), "port": port})\n',
+        "",
+        ("tests/http/test_http_processes.py",),
+    ),
+    Mutant(
         "the drain waits for no request in flight",
         "pd_policy_vllm/http/serving.py",
         "        shutdown_timeout=args.drain_seconds,\n",

@@ -202,6 +202,12 @@ def _admin(args: argparse.Namespace) -> tuple[Keys, AllowedHosts | None]:
             "$PD_POLICY_ADMIN_API_KEYS (a client's key never admits /admin)",
             param="admin_api_key",
         )
+    if args.admin and args.processes > 1:
+        raise InvalidConfiguration(
+            "--admin with --processes above 1: an admin change would reach one process of "
+            "them; run one process (and more replicas) to change the fleet at run time",
+            param="admin",
+        )
     hosts = admin_hosts(args)
     if hosts is not None and not args.admin:
         raise InvalidConfiguration(

@@ -9,7 +9,10 @@ import contextlib
 import logging
 import os
 import signal
+import socket
+import time
 from collections.abc import Callable
+from typing import Final
 
 from pd_policy_vllm.http.aio import access_logger, web
 from pd_policy_vllm.http.client_gate import GatedRunner
@@ -62,29 +65,78 @@ def serve(args: argparse.Namespace, proxy: Proxy) -> None:
     asyncio.run(_serve(args, proxy))
 
 
+#: A child that dies this soon after it started, this many times in a row, is not
+#: restarted again: the proxy exits with its status.
+_QUICK_DEATH: Final = 5.0
+_QUICK_DEATHS: Final = 5
+
+
+def _bound_port(args: argparse.Namespace) -> tuple[socket.socket, int]:
+    # Port 0 is the kernel's choice, once: a placeholder bound with SO_REUSEPORT holds
+    # the port every child then binds, so that N processes share one port.
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    holder = socket.socket(family, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind((args.host, args.port))
+    return holder, int(holder.getsockname()[1])
+
+
 def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
     """Serve ``args.processes`` proxies, each made by ``make`` in a process of its own, on
-    one port; the exit status of the first that failed, else 0."""
-    # N processes on one port (SO_REUSEPORT): the kernel spreads the connections. The
-    # parent forwards SIGTERM and SIGINT, so each child drains, and waits for them all.
-    children = []
-    for _ in range(args.processes):
+    one port (SO_REUSEPORT: the kernel spreads the connections). A child that dies is
+    restarted, and logged; one that keeps dying at start ends the proxy with its status.
+    SIGTERM and SIGINT go to every child, which drains; the exit status is the first
+    failed child's, else 0."""
+    holder, port = _bound_port(args)
+    args = argparse.Namespace(**{**vars(args), "port": port})
+    children: dict[int, float] = {}  # pid: when it started
+    stopping = False
+
+    def start() -> None:
         pid = os.fork()
         if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            holder.close()
+            code = 0
             try:
                 serve(args, make())
+            except BaseException:
+                _log.exception("proxy process failed")
+                code = 1
             finally:
-                os._exit(0)
-        children.append(pid)
+                os._exit(code)
+        children[pid] = time.monotonic()
 
     def forward(signum: int, _frame: object) -> None:
-        for child in children:
-            os.kill(child, signum)
+        nonlocal stopping
+        stopping = True
+        for child in list(children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
 
+    for _ in range(args.processes):
+        start()
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    status = 0
-    for child in children:
-        _, code = os.waitpid(child, 0)
-        status = status or os.waitstatus_to_exitcode(code)
+    status, quick = 0, 0
+    while children:
+        pid, code = os.wait()
+        started = children.pop(pid, None)
+        if started is None:
+            continue
+        exit_code = os.waitstatus_to_exitcode(code)
+        if stopping:
+            status = status or exit_code
+            continue
+        quick = quick + 1 if time.monotonic() - started < _QUICK_DEATH else 0
+        _log.warning("proxy process %d exited (%d); restarting it", pid, exit_code)
+        if quick >= _QUICK_DEATHS:
+            _log.error("proxy processes keep dying at start: stopping")
+            forward(signal.SIGTERM, None)
+            status = exit_code or 1
+            continue
+        start()
+    holder.close()
     return status

@@ -1,0 +1,68 @@
+"""``--processes 2`` against a real ``pd-policy-proxy`` process: two children on one port
+(port 0 included), a child killed and restarted while requests keep being served, every
+child drained on SIGTERM; and the combination it refuses (``--admin``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from fleet_stands import Stand, serving
+from test_http_fleet import chat
+from test_http_lifecycle import _flags, _post, proxy_process
+
+from pd_policy_vllm.http.cli import main
+
+
+def _children(pid: int) -> set[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return {int(child) for child in text.split()}
+
+
+def test_two_processes_share_a_port_and_a_killed_one_is_restarted() -> None:
+    prefill, decode = Stand("p", lm_only=False), Stand("d")
+
+    async def main_() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            p = await stack.enter_async_context(serving(prefill.app()))
+            d = await stack.enter_async_context(serving(decode.app()))
+            flags = _flags(p, d, "--processes", "2", "--pre-stop-seconds", "0")
+            url, process = await stack.enter_async_context(proxy_process(*flags))
+            deadline = time.monotonic() + 30
+            while len(_children(process.pid)) < 2:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            first = _children(process.pid)
+            statuses = await asyncio.gather(*(_post(url, chat(i)) for i in range(8)))
+            assert statuses == [200] * 8
+            # Each original child killed in turn: the port serves throughout, whichever
+            # child holds it now.
+            for killed in sorted(first):
+                before = _children(process.pid)
+                os.kill(killed, signal.SIGKILL)
+                while not ((now := _children(process.pid)) - before and len(now) == 2):
+                    assert time.monotonic() < deadline + 60, "the child was not restarted"
+                    await asyncio.sleep(0.1)
+                statuses = await asyncio.gather(*(_post(url, chat(i)) for i in range(8)))
+                assert statuses == [200] * 8
+            assert not now & first
+            process.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(process.wait, 30) == 0
+            assert not any(Path(f"/proc/{child}").exists() for child in now)
+
+    asyncio.run(main_())
+
+
+def test_admin_with_several_processes_is_refused_with_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["--prefill", "http://p:1", "--decode", "http://d:1", "--no-mrope",
+                 "--admin", "--admin-api-key", "k", "--processes", "2"])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--admin with --processes above 1" in err
