@@ -11,12 +11,12 @@ gateways spell it, for a start-up script that has the key (``--admin-api-keys-fi
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from pd_policy import Balance, ClientUuids, InvalidConfiguration, KvConnectorMode, __version__
 from pd_policy.wires import decode_kv_from_config
+from pd_policy_vllm.http.config.values import bind_host, json_object, seconds
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts, allowed_hosts
 from pd_policy_vllm.http.fleet.describe import CAPABILITIES, OperatorSays
 from pd_policy_vllm.http.fleet.kv_routing import KvRouting
@@ -42,11 +42,6 @@ __all__ = [
     "parser",
     "upstream_limits",
 ]
-
-
-def _bind_host(value: str) -> str:
-    # An IPv6 literal as written in a URL ("[::1]") binds as the bare address.
-    return value[1:-1] if value.startswith("[") and value.endswith("]") else value
 
 
 #: The groups of ``--help``, in its order: each setting is in one.
@@ -113,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
     )
     add(
         "--decode-kv-transfer-config",
-        type=_json_object,
+        type=json_object,
         metavar="JSON",
         help="the --kv-transfer-config of a decode worker that does not describe itself: "
         "its connector and kv_load_failure_policy say whether it may take a multimodal "
@@ -123,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
     add = group["listening"].add_argument
     add(
         "--host",
-        type=_bind_host,
+        type=bind_host,
         default="127.0.0.1",
         help="address to bind (127.0.0.1; ::1 or [::1] for IPv6)",
     )
@@ -136,14 +131,14 @@ def parser() -> argparse.ArgumentParser:
     )
     add(
         "--pre-stop-seconds",
-        type=_seconds,
+        type=seconds,
         default=PRE_STOP_SECONDS,
         help="after SIGTERM, seconds new requests are still served while /ready answers "
         f"503 and a balancer takes the proxy out ({PRE_STOP_SECONDS:g})",
     )
     add(
         "--drain-seconds",
-        type=_seconds,
+        type=seconds,
         default=DRAIN_SECONDS,
         help="then, seconds the requests in flight have to finish before they are cut "
         f"({DRAIN_SECONDS:g}; with the pre-stop, within Kubernetes' 30 s grace)",
@@ -274,23 +269,6 @@ def parser() -> argparse.ArgumentParser:
     add_client_limit_flags(group["limits on clients"])
     add_worker_limit_flags(group["limits on workers"])
     return cli
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
-    return value
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("a JSON object, as vLLM's --kv-transfer-config takes")
-    return value
 
 
 def operator_says(args: argparse.Namespace) -> OperatorSays:

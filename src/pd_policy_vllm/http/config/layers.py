@@ -30,9 +30,10 @@ _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
 
 
-class ConfigError(InvalidConfiguration):
-    """A setting that cannot be read: unknown, or of a bad value. Its message is one line
-    naming the key and where it was written; ``param`` is the key."""
+#: A setting that cannot be read (unknown, or of a bad value): the core's
+#: [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration], whose message is one
+#: line naming the key and where it was written, and whose ``param`` is the key.
+ConfigError = InvalidConfiguration
 
 
 @attrs.frozen(slots=True)
