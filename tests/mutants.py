@@ -1645,7 +1645,7 @@ MUTANTS: Final = (
     Mutant(
         "SIGTERM stops serving at once, no pre-stop",
         "pd_policy_vllm/http/serving.py",
-        "        if signum == signal.SIGTERM and args.pre_stop_seconds > 0:\n",
+        "        if received == signal.SIGTERM and args.pre_stop_seconds > 0:\n",
         "        if False:\n",
         _LIFECYCLE,
     ),

@@ -46,9 +46,9 @@ async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
         await site.start()
         for address in runner.addresses:  # port 0 is the kernel's choice: say which
             _log.info("listening on %s port %d", address[0], address[1])
-        signum = await stopping.get()
+        received = await stopping.get()
         proxy.lifecycle.draining = True
-        if signum == signal.SIGTERM and args.pre_stop_seconds > 0:
+        if received == signal.SIGTERM and args.pre_stop_seconds > 0:
             _log.info("SIGTERM: not ready; serving %gs more, then draining for %gs",
                       args.pre_stop_seconds, args.drain_seconds)  # fmt: skip
             with contextlib.suppress(TimeoutError):  # a second signal cuts it short
