@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo demo-live demo-http demo-epd demo-media demo-fleet demo-ray test lint typecheck pytest docs docs-tables bench bench-routing bench-ttft bench-fairness vectors clean \
+.PHONY: image demo demo-live demo-http demo-epd demo-media demo-fleet demo-ray test lint typecheck pytest docs docs-tables bench bench-routing bench-ttft bench-fairness vectors clean \
 	fuzz fuzz-policy fuzz-wire mutants
 
 $(VENV)/bin/python:
@@ -72,6 +72,12 @@ demo-ray: $(VENV)/.test
 # (about 4 min).
 demo-fleet: $(VENV)/.test
 	$(PY) examples/live_fleet.py
+
+# The proxy's container image (deploy/Containerfile), built with no registry or daemon:
+# a Debian base by mmdebstrap (cached in .cache/image), buildah in chroot isolation
+# (docs/deploy.md). `make test` builds it too (tests/http/test_http_image.py).
+image: $(VENV)/.test
+	scripts/build-image.sh $(PY)
 
 # --no-cache: ruff's cache keys on a file's content, but import sorting also depends on
 # which modules exist beside it (tests/routers.py made `routers` first-party), so a
