@@ -1664,6 +1664,27 @@ MUTANTS: Final = (
         ("tests/http/test_http_processes.py",),
     ),
     Mutant(
+        "a reload keeps a revoked client key",
+        "pd_policy_vllm/http/reload.py",
+        "    proxy.keys = Keys(proxy.keys.worker, keys.clients, keys.admins)\n",
+        "",
+        ("tests/http/test_http_reload.py",),
+    ),
+    Mutant(
+        "a reload leaves a worker the file no longer lists in service",
+        "pd_policy_vllm/http/reload.py",
+        "            proxy.fleet.drain(member)\n",
+        "            pass\n",
+        ("tests/http/test_http_reload.py",),
+    ),
+    Mutant(
+        "a reload applies a setting that takes a restart",
+        "pd_policy_vllm/http/reload.py",
+        "        **{key: getattr(new, key) for key in RELOADED if hasattr(new, key)},\n",
+        "        **vars(new),\n",
+        ("tests/http/test_http_reload.py",),
+    ),
+    Mutant(
         "the drain waits for no request in flight",
         "pd_policy_vllm/http/serving.py",
         "        shutdown_timeout=args.drain_seconds,\n",

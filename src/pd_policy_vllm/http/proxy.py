@@ -167,7 +167,7 @@ class Proxy:
         app.router.add_get("/metrics", self._metrics)
         if self.admin:
             says = self.probe.says if self.probe is not None else OperatorSays()
-            admin = Admin(self.fleet, self.keys, self.admin_hosts, says, self.session)
+            admin = Admin(self.fleet, lambda: self.keys, self.admin_hosts, says, self.session)
             add_admin_routes(app, admin)
         app.cleanup_ctx.append(self._session)
         app.on_shutdown.append(self._drain)

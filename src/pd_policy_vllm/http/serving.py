@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -14,9 +15,11 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from pd_policy import InvalidConfiguration
 from pd_policy_vllm.http.aio import access_logger, web
 from pd_policy_vllm.http.client_gate import GatedRunner
 from pd_policy_vllm.http.proxy import Proxy
+from pd_policy_vllm.http.reload import reload, summary
 
 __all__ = ["processes", "serve"]
 
@@ -33,6 +36,8 @@ async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
     loop, stopping = asyncio.get_running_loop(), asyncio.Queue[int]()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stopping.put_nowait, signum)
+    reloads = _Reloads(proxy, args)
+    loop.add_signal_handler(signal.SIGHUP, reloads.start)
     runner = GatedRunner(
         proxy.app(),
         proxy.front_door,
@@ -55,6 +60,33 @@ async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
                 await asyncio.wait_for(stopping.get(), args.pre_stop_seconds)
     finally:
         await runner.cleanup()
+
+
+class _Reloads:
+    """SIGHUP's reloads, one at a time, each over the settings the last one left."""
+
+    def __init__(self, proxy: Proxy, args: argparse.Namespace) -> None:
+        self.proxy, self.args = proxy, args
+        self.lock = asyncio.Lock()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        task = asyncio.get_running_loop().create_task(self.run())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def run(self) -> None:
+        async with self.lock:
+            probe = self.proxy.probe
+            stated = probe.stated if probe is not None and isinstance(probe.stated, dict) else None
+            try:
+                self.args, done = await reload(
+                    self.proxy, self.args, getattr(self.args, "argv", []), stated=stated
+                )
+            except InvalidConfiguration as exc:
+                _log.error("SIGHUP: the configuration is refused, the running one kept: %s", exc)
+                return
+            _log.info("SIGHUP: reloaded %s", json.dumps(summary(done), sort_keys=True))
 
 
 def serve(args: argparse.Namespace, proxy: Proxy) -> None:
@@ -96,8 +128,8 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
     def start() -> None:
         pid = os.fork()
         if pid == 0:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_DFL)
             holder.close()
             code = 0
             try:
@@ -118,8 +150,15 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
 
     for _ in range(args.processes):
         start()
+
+    def reload_all(signum: int, _frame: object) -> None:
+        for child in list(children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, reload_all)  # each process reloads itself
     status, quick = 0, 0
     while children:
         pid, code = os.wait()

@@ -36,6 +36,7 @@ def configuration(
     resolved = resolve(cli, known, argv, environ, file, where)
     args = resolved.args
     args.workers = file_workers(file, where)
+    args.argv = list(argv)  # read again on SIGHUP
     for role in ("prefill", "decode"):
         if not getattr(args, role) and not any(e.role == role for e in args.workers):
             raise ConfigError(

@@ -70,13 +70,14 @@ def _log(who: str | None, action: str, role: object, url: object, outcome: str) 
 
 @attrs.frozen
 class Admin:
-    """What the admin routes act on: the ``fleet``, the ``keys`` (the admins' admit, the
-    workers' go to a worker described), the ``hosts`` a worker may be added on (``None``:
+    """What the admin routes act on: the ``fleet``, the ``keys`` as they are now (the
+    admins' admit, the workers' go to a worker described; a reload changes them), the
+    ``hosts`` a worker may be added on (``None``:
     any), what the operator ``says`` of workers that do not describe themselves, and the
     ``session`` the proxy calls its workers with, for a request."""
 
     fleet: Fleet
-    keys: Keys
+    keys: Callable[[], Keys]
     hosts: AllowedHosts | None
     says: OperatorSays
     session: Callable[[web.Request], aiohttp.ClientSession]
@@ -86,7 +87,7 @@ def add_admin_routes(app: web.Application, admin: Admin) -> None:
     """Serve the fleet's routes on ``app``, over ``admin``'s fleet."""
 
     def caller(request: web.Request) -> str | None:
-        return admin.keys.admin(request.headers.get("Authorization"))
+        return admin.keys().admin(request.headers.get("Authorization"))
 
     async def listing(request: web.Request) -> web.Response:
         if caller(request) is None:
@@ -123,7 +124,7 @@ def add_admin_routes(app: web.Application, admin: Admin) -> None:
                 raise Forbidden(
                     "the worker's host is not one --admin-allowed-hosts lists", param="url"
                 )
-            headers = admin.keys.worker_headers()
+            headers = admin.keys().worker_headers()
             try:
                 session = admin.session(request)
                 worker = await describe(session, body["url"], role, admin.says, headers)

@@ -1,0 +1,136 @@
+"""SIGHUP reads the configuration again, against a real ``pd-policy-proxy`` process: a
+worker taken out of the file drains (its request in flight finishing) and a new one
+joins, a revoked client key stops working and a new one starts, a bad file is refused
+with the running configuration kept, and a setting that takes a restart is named."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from fleet_stands import Stand, serving
+from test_http_fleet import chat
+
+_LISTENING = re.compile(r"listening on \S+ port (\d+)")
+
+
+@contextlib.asynccontextmanager
+async def proxy_with_log(*flags: str) -> AsyncIterator[tuple[str, subprocess.Popen[bytes],
+                                                             list[str]]]:  # fmt: skip
+    """``pd-policy-proxy`` on port 0 with ``flags``; its URL, process and log lines."""
+    argv = [sys.executable, "-m", "pd_policy_vllm.http.cli", "--port", "0", *flags]
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=True)
+    lines: list[str] = []
+    assert process.stderr is not None
+    stderr = process.stderr
+
+    def read() -> None:
+        for raw in stderr:
+            lines.append(raw.decode(errors="replace"))
+
+    reader = asyncio.create_task(asyncio.to_thread(read))
+    try:
+        deadline = time.monotonic() + 60
+        port = None
+        while port is None:
+            assert time.monotonic() < deadline and process.poll() is None, lines
+            found = next((m for m in map(_LISTENING.search, lines) if m), None)
+            port = int(found.group(1)) if found else None
+            await asyncio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}", process, lines
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        await reader
+
+
+async def _post(url: str, key: str, body: Any) -> int:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession() as session, session.post(
+        f"{url}/v1/chat/completions", json=body, headers=headers
+    ) as response:  # fmt: skip
+        await response.read()
+        return response.status
+
+
+def _config(path: Path, keys: Path, prefill: str, decode: str, **more: object) -> None:
+    extra = "".join(f"{k} = {v}\n" for k, v in more.items())
+    path.write_text(
+        f'mrope = false\napi_keys_file = "{keys}"\n{extra}\n'
+        f'[[workers]]\nurl = "{prefill}"\nrole = "prefill"\nkv_mode = "nixl"\n\n'
+        f'[[workers]]\nurl = "{decode}"\nrole = "decode"\ncapability = "lm-only"\n'
+    )
+
+
+async def _until(check: Any, what: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not await check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.1)
+
+
+def test_sighup_reloads_workers_and_keys_keeps_a_running_config_over_a_bad_one(
+    tmp_path: Path,
+) -> None:
+    prefill = Stand("p", lm_only=False, describes=False)
+    old, new = Stand("old", describes=False), Stand("new", describes=False)
+    config, keys = tmp_path / "proxy.toml", tmp_path / "client-keys"
+
+    async def main() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            p = await stack.enter_async_context(serving(prefill.app()))
+            d1 = await stack.enter_async_context(serving(old.app()))
+            d2 = await stack.enter_async_context(serving(new.app()))
+            keys.write_text("key-before\n")
+            _config(config, keys, p, d1)
+            flags = ("--config", str(config), "--probe-interval", "0.2")
+            url, process, log = await stack.enter_async_context(proxy_with_log(*flags))
+            assert await _post(url, "key-before", chat(1)) == 200 and len(old.calls) == 1
+            old.delay = 2.0  # a request in flight on the old decode through the reload
+            slow = asyncio.create_task(_post(url, "key-before", chat(2)))
+            await _until(lambda: _true(len(old.calls) == 2), "the slow request never started")
+            keys.write_text("key-after\n")
+            _config(config, keys, p, d2, max_body_mib=8)
+            process.send_signal(signal.SIGHUP)
+            await _until(lambda: _true(any("SIGHUP: reloaded" in x for x in log)), "no reload")
+            (line,) = [x for x in log if "SIGHUP: reloaded" in x]
+            assert '"restart": ["max_body_mib"]' in line  # named, and not applied
+            assert f'"drained": ["decode {d1}"]' in line and f'"added": ["decode {d2}"]' in line
+            assert await _post(url, "key-before", chat(3)) == 401  # revoked
+            await _until(lambda: _ok(url, "key-after"), "the new decode never served")
+            assert await slow == 200  # finished on the view it started with
+            served = len(new.calls)
+            assert [await _post(url, "key-after", chat(i)) for i in range(4)] == [200] * 4
+            assert len(new.calls) == served + 4 and len(old.calls) == 2  # the old one drained
+            # Again, unchanged: the setting still takes a restart (the proxy runs the old
+            # value), and nothing else moves.
+            process.send_signal(signal.SIGHUP)
+            await _until(lambda: _true(sum("SIGHUP: reloaded" in x for x in log) == 2), "again")
+            again = [x for x in log if "SIGHUP: reloaded" in x][1]
+            assert again.rstrip().endswith('{"restart": ["max_body_mib"]}'), again
+            # A bad file: refused, logged, the running configuration kept whole.
+            config.write_text("mrope = \n")
+            process.send_signal(signal.SIGHUP)
+            await _until(lambda: _true(any("refused" in x for x in log)), "no refusal logged")
+            assert await _post(url, "key-after", chat(5)) == 200 and len(old.calls) == 2
+
+    asyncio.run(main())
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _ok(url: str, key: str) -> bool:
+    return await _post(url, key, chat(0)) == 200
