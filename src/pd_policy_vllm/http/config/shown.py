@@ -110,3 +110,28 @@ def settings_table(settings: Sequence[Setting]) -> str:
             f"{'`' + _cell(shown) + '`' if shown else ''} | {_cell(setting.help)} |"
         )
     return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pd_policy_vllm.http.config.shown --write docs/configuration.md``: write
+    the settings table into the page (``make docs-tables``); without ``--write``, print it."""
+    import argparse
+
+    from pd_policy.tools.tables import splice
+    from pd_policy_vllm.http.flags import parser
+
+    from .settings import settings
+
+    cli = argparse.ArgumentParser(description=main.__doc__)
+    cli.add_argument("--write", type=Path, metavar="PAGE")
+    args = cli.parse_args(argv)
+    table = settings_table(settings(parser()))
+    if args.write is None:
+        print(table)
+    else:
+        args.write.write_text(splice(args.write.read_text(), TABLE_NAME, table))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
