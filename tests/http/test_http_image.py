@@ -6,23 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import re
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from fleet_stands import Stand, serving
+from proxy_process import started
 from test_http_fleet import chat
 from test_http_lifecycle import _flags, _get, _post
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = ["--storage-driver", "vfs"]
-_LISTENING = re.compile(rb"listening on \S+ port (\d+)")
 
 
 @pytest.fixture(scope="module")
@@ -68,29 +64,8 @@ async def _entrypoint(container: str, *flags: str) -> AsyncIterator[str]:
     # Chroot isolation shares this machine's network: the proxy binds 127.0.0.1 here.
     argv = ["buildah", *STORE, "run", "--isolation", "chroot", container, "--",
             "pd-policy-proxy", "--host", "127.0.0.1", "--port", "0", *flags]  # fmt: skip
-    process = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        assert process.stderr is not None
-        port = None
-        deadline = time.monotonic() + 120
-        while port is None and time.monotonic() < deadline:
-            line = await asyncio.to_thread(process.stderr.readline)
-            if not line:
-                raise AssertionError(f"the image's proxy exited: {process.wait()}")
-            found = _LISTENING.search(line)
-            port = int(found.group(1)) if found else None
-        assert port is not None
-        drain = asyncio.create_task(asyncio.to_thread(process.stderr.read))
-        yield f"http://127.0.0.1:{port}"
-        drain.cancel()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    async with started(argv, timeout=120) as running:
+        yield running.url
 
 
 def test_the_images_proxy_serves_a_request_through_stand_in_workers(container: str) -> None:

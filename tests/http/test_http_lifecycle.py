@@ -5,51 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 from fleet_stands import Stand, serving
+from proxy_process import proxy_command, started
 from test_http_fleet import chat
 
 from pd_policy.fleet.health import Health, HealthState
 from pd_policy.fleet.readiness import readiness
 from pd_policy.fleet.roster import Member
 
-_LISTENING = re.compile(rb"listening on \S+ port (\d+)")
-
 
 @contextlib.asynccontextmanager
 async def proxy_process(*flags: str) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``pd-policy-proxy`` with ``flags`` on port 0, in its own process group; its URL,
-    read from its log, and the process. Killed by process group when the block ends."""
-    argv = [sys.executable, "-m", "pd_policy_vllm.http.cli", "--port", "0", *flags]
-    process = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        assert process.stderr is not None
-        port = None
-        deadline = time.monotonic() + 60
-        while port is None and time.monotonic() < deadline:
-            line = await asyncio.to_thread(process.stderr.readline)
-            if not line:
-                raise AssertionError(f"the proxy exited: {process.wait()}")
-            found = _LISTENING.search(line)
-            port = int(found.group(1)) if found else None
-        assert port is not None, "the proxy did not say where it listens"
-        # Keep its log flowing: a full pipe would stall it.
-        drain = asyncio.create_task(asyncio.to_thread(process.stderr.read))
-        yield f"http://127.0.0.1:{port}", process
-        drain.cancel()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    """``pd-policy-proxy`` with ``flags`` on port 0, in its own process: its URL and the
+    process ([`started`][proxy_process.started])."""
+    async with started(proxy_command(*flags)) as running:
+        yield running.url, running.process
 
 
 async def _get(url: str) -> tuple[int, Any]:

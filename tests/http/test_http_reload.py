@@ -7,52 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import re
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from fleet_stands import Stand, serving
+from proxy_process import proxy_command, started
 from test_http_fleet import chat
-
-_LISTENING = re.compile(r"listening on \S+ port (\d+)")
-
-
-@contextlib.asynccontextmanager
-async def proxy_with_log(*flags: str) -> AsyncIterator[tuple[str, subprocess.Popen[bytes],
-                                                             list[str]]]:  # fmt: skip
-    """``pd-policy-proxy`` on port 0 with ``flags``; its URL, process and log lines."""
-    argv = [sys.executable, "-m", "pd_policy_vllm.http.cli", "--port", "0", *flags]
-    process = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=True)
-    lines: list[str] = []
-    assert process.stderr is not None
-    stderr = process.stderr
-
-    def read() -> None:
-        for raw in stderr:
-            lines.append(raw.decode(errors="replace"))
-
-    reader = asyncio.create_task(asyncio.to_thread(read))
-    try:
-        deadline = time.monotonic() + 60
-        port = None
-        while port is None:
-            assert time.monotonic() < deadline and process.poll() is None, lines
-            found = next((m for m in map(_LISTENING.search, lines) if m), None)
-            port = int(found.group(1)) if found else None
-            await asyncio.sleep(0.05)
-        yield f"http://127.0.0.1:{port}", process, lines
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        await reader
 
 
 async def _post(url: str, key: str, body: Any) -> int:
@@ -95,7 +58,8 @@ def test_sighup_reloads_workers_and_keys_keeps_a_running_config_over_a_bad_one(
             keys.write_text("key-before\n")
             _config(config, keys, p, d1)
             flags = ("--config", str(config), "--probe-interval", "0.2")
-            url, process, log = await stack.enter_async_context(proxy_with_log(*flags))
+            running = await stack.enter_async_context(started(proxy_command(*flags)))
+            url, process, log = running.url, running.process, running.log
             assert await _post(url, "key-before", chat(1)) == 200 and len(old.calls) == 1
             old.delay = 2.0  # a request in flight on the old decode through the reload
             slow = asyncio.create_task(_post(url, "key-before", chat(2)))

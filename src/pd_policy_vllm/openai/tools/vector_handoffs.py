@@ -7,27 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+from pd_policy.tools.vectors.fixtures import NIXL
+
 __all__ = ["NIXL_RETURNED", "TRANSFER", "handoff_cases"]
 
-#: A NIXL prefill's handoff, complete: the workers' contract in most cases is NIXL. Every
-#: field vLLM 0.32's ``NixlConnector`` returns, each of the JSON type it returns (a live test
-#: compares them, ``tests/vllm/http/test_http_nixl_live.py``).
-NIXL_RETURNED: Final = {
-    "do_remote_prefill": True,
-    "do_remote_decode": False,
-    "remote_block_ids": [[0, 1]],
-    "remote_engine_id": "p-1",
-    "remote_request_id": "chatcmpl-req-1",
-    "remote_host": "p-1.local",
-    "remote_port": 5600,
-    "tp_size": 1,
-    "dcp_size": 1,
-    "pp_size": 1,
-    "remote_num_tokens": 23,
-    "remote_blocks_expiry_time": None,
-    "transfer_mode": "pull",
-    "remote_prefill_cached_tokens": 0,
-}
+#: A NIXL prefill's handoff, complete: the workers' contract in most cases is NIXL. The
+#: conformance vectors' NIXL handoff (every field vLLM 0.32's ``NixlConnector`` returns, of
+#: the JSON type it returns), from another engine.
+NIXL_RETURNED: Final = {**NIXL, "remote_engine_id": "p-1", "remote_host": "p-1.local"}
 
 #: What the project's TransferConnector returns: complete for its contract, not NIXL's.
 TRANSFER: Final = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": "t-1"}
