@@ -1685,6 +1685,27 @@ MUTANTS: Final = (
         ("tests/http/test_http_reload.py",),
     ),
     Mutant(
+        "a worker that leaves DNS keeps serving",
+        "pd_policy_vllm/http/fleet/discovery.py",
+        "                fleet.drain(member)\n",
+        "                pass\n",
+        ("tests/http/test_http_discovery.py",),
+    ),
+    Mutant(
+        "a failing resolution empties the fleet",
+        "pd_policy_vllm/http/fleet/discovery.py",
+        "            urls = set(mine.values())\n",
+        "            urls = set()\n",
+        ("tests/http/test_http_discovery.py",),
+    ),
+    Mutant(
+        "an SRV record's port is read as the source's",
+        "pd_policy_vllm/http/fleet/discovery.py",
+        "            _url(source.scheme, record.target.to_text(), record.port)\n",
+        "            _url(source.scheme, record.target.to_text(), 80)\n",
+        ("tests/http/test_http_discovery.py",),
+    ),
+    Mutant(
         "the drain waits for no request in flight",
         "pd_policy_vllm/http/serving.py",
         "        shutdown_timeout=args.drain_seconds,\n",

@@ -38,6 +38,7 @@ TEXT: dict[str, tuple[str, Any]] = {
         {"kv_connector": "NixlConnector"},
     ),
     "startup_timeout": ("5.5", 5.5),
+    "dns_server": ("127.0.0.1:5353", "127.0.0.1:5353"),
     "host": ("::1", "::1"),
     "port": ("9001", 9001),
     "processes": ("3", 3),

@@ -52,6 +52,7 @@ from pd_policy_vllm.http.flags import (
 )
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts
 from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
+from pd_policy_vllm.http.fleet.discovery import Discovery
 from pd_policy_vllm.http.fleet.members import Fleet, member_name
 from pd_policy_vllm.http.fleet.probe import Probe
 from pd_policy_vllm.http.fleet.routing import decode_capability
@@ -63,6 +64,7 @@ from pd_policy_vllm.openai.workers import HttpWorker
 
 __all__ = [
     "configuration",
+    "discovery_of",
     "main",
     "parser",
     "probe_of",
@@ -146,6 +148,15 @@ def stated_workers(args: argparse.Namespace) -> dict[tuple[str, str], OperatorSa
     """What the configuration file says of each of its workers, by role and URL."""
     says = operator_says(args)
     return {(e.role, e.url): e.says(says) for e in getattr(args, "workers", ())}
+
+
+def discovery_of(args: argparse.Namespace) -> Discovery | None:
+    """The names ``args``'s file has the proxy follow in DNS, if any."""
+    discover = getattr(args, "discover", ())
+    if not discover:
+        return None
+    says = operator_says(args)
+    return Discovery(tuple(d.source(says) for d in discover), args.dns_server)
 
 
 def probe_of(args: argparse.Namespace) -> Probe:
@@ -232,6 +243,8 @@ def _configured(
             param="remote_media",
         )
     lm_only = any(m.worker.capability.language_model_only for m in fleet.of("decode"))
+    found = getattr(args, "discover", ())  # DNS's decodes: language-model-only unless said
+    lm_only |= any(d.role == "decode" and d.entry.capability != "vision" for d in found)
     if args.mrope is None and lm_only:
         raise InvalidConfiguration(
             "a decode worker is language-model-only and no worker says whether the model "
@@ -280,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             request_timeout=args.request_timeout,
             kv_routing=kv_routing(args),
             render_once=args.render_once,
+            discovery=discovery_of(args),
         )
 
     if args.processes > 1:

@@ -1,11 +1,9 @@
 """The command line of ``pd-policy-proxy``: what each flag means, and its default.
 
-Workers are named by URL, IPv6 literals in brackets (``http://[::1]:8100``); each of
-``--prefill``, ``--decode`` and ``--encode`` repeats. Keys never come from a flag that
-``ps`` would show: ``--worker-api-key-file`` and ``--api-keys-file``, or the environment
-([`auth`][pd_policy_vllm.http.auth]); the one exception is ``--admin-api-key``, as other
-gateways spell it, for a start-up script that has the key (``--admin-api-keys-file`` and
-``$PD_POLICY_ADMIN_API_KEYS`` keep it out of ``ps``).
+Workers are named by URL, IPv6 literals in brackets (``http://[::1]:8100``). Keys never
+come from a flag that ``ps`` would show ([`auth`][pd_policy_vllm.http.auth]) but
+``--admin-api-key``, as other gateways spell it (its file and ``$PD_POLICY_ADMIN_API_KEYS``
+keep it out of ``ps``).
 """
 
 from __future__ import annotations
@@ -115,6 +113,12 @@ def parser() -> argparse.ArgumentParser:
         "leg without its media",
     )
     add("--startup-timeout", type=float, default=120.0, help="seconds to wait for the workers")
+    add(
+        "--dns-server",
+        metavar="HOST:PORT",
+        help="the DNS server the file's [[discover]] names are resolved with (the system's "
+        "resolver)",
+    )
     add = group["listening"].add_argument
     add(
         "--host",

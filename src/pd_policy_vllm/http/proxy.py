@@ -35,6 +35,7 @@ from pd_policy_vllm.http.driver import Driver
 from pd_policy_vllm.http.fleet.admin import Admin, add_admin_routes
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts
 from pd_policy_vllm.http.fleet.describe import OperatorSays
+from pd_policy_vllm.http.fleet.discovery import Discovery, following
 from pd_policy_vllm.http.fleet.kv_routing import KvRouting
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.fleet.metrics import CONTENT_TYPE, Metrics
@@ -92,7 +93,8 @@ class Proxy:
     ``render_once``: a request the KV-event lookup rendered sends its prefill leg as
     token-in from that render where the plan allows
     ([`render_once`][pd_policy_vllm.openai.plan.render_once]), instead of having the
-    prefill render it again.
+    prefill render it again. ``discovery``: names followed in DNS for more workers
+    ([`discovery`][pd_policy_vllm.http.fleet.discovery]; ``None``: none).
 
     Raises ``ValueError`` without a fleet or a pair, for ``admin`` with no admin key, and
     for ``RemoteMedia.FETCH`` with a prefill whose media rules are unknown (the proxy
@@ -123,6 +125,7 @@ class Proxy:
         request_timeout: float | None = None,
         kv_routing: KvRouting | None = None,
         render_once: bool = True,
+        discovery: Discovery | None = None,
     ) -> None:
         self.metrics = Metrics()
         if fleet is None:
@@ -151,6 +154,7 @@ class Proxy:
             raise ValueError("request_timeout must be positive")
         self.request_timeout = request_timeout
         self.kv_routing, self.render_once = kv_routing, render_once
+        self.discovery = discovery
         self.lifecycle = Lifecycle(self.fleet)
 
     def app(self) -> web.Application:
@@ -213,7 +217,9 @@ class Proxy:
                 if self.kv_routing is None
                 else self.kv_routing.running(self.fleet)
             )
-            async with probes, feeds:
+            stated = self.probe.stated if self.probe is not None else None
+            found = following(self.discovery, self.fleet, clients.workers, headers, stated)
+            async with probes, feeds, found:
                 yield
 
     async def _drain(self, app: web.Application) -> None:

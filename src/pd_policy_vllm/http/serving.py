@@ -78,7 +78,7 @@ class _Reloads:
     async def run(self) -> None:
         async with self.lock:
             probe = self.proxy.probe
-            stated = probe.stated if probe is not None and isinstance(probe.stated, dict) else None
+            stated = probe.stated if probe is not None else None
             try:
                 self.args, done = await reload(
                     self.proxy, self.args, getattr(self.args, "argv", []), stated=stated

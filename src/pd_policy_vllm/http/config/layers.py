@@ -24,7 +24,7 @@ from .settings import Kind, Setting
 __all__ = ["FILE_ONLY", "ConfigError", "Resolved", "resolve"]
 
 #: Keys of the file that are no flag's: the workers it describes.
-FILE_ONLY: Final = frozenset({"workers"})
+FILE_ONLY: Final = frozenset({"workers", "discover"})
 
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pd_policy_vllm.http.flags import parser
 
+from .discover import file_discovery
 from .layers import ConfigError, resolve
 from .settings import ENV_PREFIX, settings
 from .shown import effective
@@ -36,9 +37,11 @@ def configuration(
     resolved = resolve(cli, known, argv, environ, file, where)
     args = resolved.args
     args.workers = file_workers(file, where)
+    args.discover = file_discovery(file, where)
     args.argv = list(argv)  # read again on SIGHUP
     for role in ("prefill", "decode"):
-        if not getattr(args, role) and not any(e.role == role for e in args.workers):
+        listed = [*args.workers, *args.discover]
+        if not getattr(args, role) and not any(e.role == role for e in listed):
             raise ConfigError(
                 f"no {role} worker: --{role} URL, ${ENV_PREFIX}{role.upper()} or a "
                 f'[[workers]] table with role = "{role}" in --config',

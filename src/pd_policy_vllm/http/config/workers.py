@@ -36,7 +36,7 @@ from pd_policy_vllm.http.fleet.describe import CAPABILITIES, OperatorSays
 
 from .layers import ConfigError
 
-__all__ = ["CAPABILITY_NAMES", "ROLES", "WorkerEntry", "file_workers"]
+__all__ = ["CAPABILITY_NAMES", "KEYS", "ROLES", "WorkerEntry", "entry_of", "file_workers"]
 
 #: The roles a worker may have.
 ROLES: Final = ("prefill", "decode", "encode")
@@ -122,7 +122,9 @@ def _typed(where: str, table: Mapping[str, Any], key: str, kind: type | tuple[ty
     return value
 
 
-def _entry(index: int, table: Any, path: str) -> WorkerEntry:
+def entry_of(index: int, table: Any, path: str) -> WorkerEntry:
+    """The worker of the ``index``-th table of ``path``. Raises as
+    [`file_workers`][pd_policy_vllm.http.config.workers.file_workers]."""
     where = f"{path}: workers[{index}]"
     if not isinstance(table, Mapping):
         raise ConfigError(f"{where}: a worker is a table", param="workers")
@@ -179,7 +181,7 @@ def file_workers(file: Mapping[str, Any], path: str) -> tuple[WorkerEntry, ...]:
     tables = file.get("workers", [])
     if not isinstance(tables, Sequence) or isinstance(tables, str):
         raise ConfigError(f"{path}: workers: an array of tables ([[workers]])", param="workers")
-    entries = tuple(_entry(i, table, path) for i, table in enumerate(tables))
+    entries = tuple(entry_of(i, table, path) for i, table in enumerate(tables))
     seen: set[tuple[str, str]] = set()
     for entry in entries:
         if (entry.role, entry.url) in seen:

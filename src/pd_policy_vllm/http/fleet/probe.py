@@ -37,7 +37,8 @@ class Probe:
     timeout: float = 2.0
     redescribe: float = 30.0
     says: OperatorSays = attrs.field(factory=OperatorSays)
-    stated: Mapping[tuple[str, str], OperatorSays] = attrs.field(factory=dict, eq=False)
+    #: Changed in place by a reload and by DNS discovery, as workers come and go.
+    stated: dict[tuple[str, str], OperatorSays] = attrs.field(factory=dict, eq=False)
 
     def says_of(self, member: Member) -> OperatorSays:
         """What the operator says of ``member``: its own description, else the flags'."""
