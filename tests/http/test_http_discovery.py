@@ -92,6 +92,11 @@ def test_workers_join_and_leave_as_dns_says_and_a_failing_dns_changes_nothing(
             # A second one appears: described, probed, then serving.
             records.srv["decodes.test."] = [_srv(first), _srv(second)]
             await _until(lambda: routable(second), "the second decode never joined")
+            # An answer no worker could be at is passed over, and the rest still read.
+            records.srv["decodes.test."] = [_srv(first), _srv(second), ("bad host.", 1)]
+            await asyncio.sleep(0.6)
+            assert routable(first) and routable(second)
+            records.srv["decodes.test."] = [_srv(first), _srv(second)]
             # DNS in trouble: the fleet stays as the last answer had it.
             records.failing = True
             await asyncio.sleep(0.6)

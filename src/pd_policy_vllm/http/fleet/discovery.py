@@ -25,7 +25,7 @@ import dns.asyncresolver
 import dns.exception
 import dns.resolver
 
-from pd_policy import Health
+from pd_policy import Health, InvalidConfiguration
 from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
 from pd_policy_vllm.http.fleet.members import Fleet, member_name
@@ -119,14 +119,20 @@ async def _follow(
             _log.warning("%s %s: not resolved (%s); the fleet is kept", source.role,
                          source.name, type(exc).__name__)  # fmt: skip
             urls = set(mine.values())
-        names = {member_name(url): url for url in urls}
+        names = {}
+        for url in urls:
+            try:
+                names[member_name(url)] = url
+            except InvalidConfiguration:  # an answer no worker could be at: hostile, or odd
+                _log.warning("%s %s: an answer is no worker's address", source.role,
+                             source.name)  # fmt: skip
         for name, url in names.items():
             member = fleet.named(name)
             if name in mine and member is not None and member.health.health is not Health.DRAINING:
                 continue
             try:
                 worker = await describe(url, source.role, source.says)
-            except Exception as exc:
+            except (aiohttp.ClientError, TimeoutError, InvalidConfiguration) as exc:
                 _log.warning("%s %s: %s not described yet (%s)", source.role, source.name,
                              name, type(exc).__name__)  # fmt: skip
                 continue
