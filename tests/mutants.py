@@ -1706,6 +1706,13 @@ MUTANTS: Final = (
         ("tests/http/test_http_discovery.py",),
     ),
     Mutant(
+        "a name's answer is taken whole, however long",
+        "pd_policy_vllm/http/fleet/discovery.py",
+        "        if len(urls) > MAX_FOUND:\n",
+        "        if False:\n",
+        ("tests/http/test_http_discovery.py",),
+    ),
+    Mutant(
         "the drain waits for no request in flight",
         "pd_policy_vllm/http/serving.py",
         "        shutdown_timeout=args.drain_seconds,\n",

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from dns_server import Records, dns_server
 from fleet_stands import Stand, serving
@@ -19,8 +20,17 @@ from test_http_fleet import chat, post
 from pd_policy import Health
 from pd_policy_vllm.http.cli import configuration, discovery_of, probe_of, read_fleet
 from pd_policy_vllm.http.config import ConfigError
-from pd_policy_vllm.http.fleet.discovery import DnsSource, found_urls, resolver_for
+from pd_policy_vllm.http.fleet.describe import OperatorSays
+from pd_policy_vllm.http.fleet.discovery import (
+    MAX_FOUND,
+    DnsSource,
+    discovering,
+    found_urls,
+    resolver_for,
+)
+from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.proxy import Proxy
+from pd_policy_vllm.openai.workers import HttpWorker
 
 
 def test_a_and_aaaa_records_are_workers_on_the_port_srv_records_at_theirs() -> None:
@@ -146,3 +156,30 @@ def test_a_role_dns_gives_needs_no_flag_and_its_decodes_need_the_mrope_flag(
     path.write_text(_toml("http://p:1", "127.0.0.1:53").replace("mrope = false\n", ""))
     args, _ = configuration(["--config", str(path)], {})  # no decode listed: DNS gives them
     assert [s.role for s in discovery_of(args).sources] == ["decode"]  # type: ignore[union-attr]
+
+
+def test_a_name_that_answers_too_many_gives_at_most_the_cap(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A DNS server gone wrong (or hostile) lists far more workers than a fleet has: the
+    # proxy tries at most MAX_FOUND of them, in a stable order, and says so.
+    targets = [("127.0.0.1.", port) for port in range(1, MAX_FOUND + 45)]  # nothing listens
+    records = Records(srv={"many.test.": targets})
+    tried: list[str] = []
+
+    async def described(url: str, role: str, says: OperatorSays) -> HttpWorker:
+        tried.append(url)
+        raise aiohttp.ClientConnectionError("nothing listens there")
+
+    async def main() -> None:
+        with dns_server(records) as where:
+            source = DnsSource("decode", "many.test.", None, interval=60)
+            fleet = Fleet()
+            async with discovering(fleet, [source], resolver_for(where), described):
+                await _until(lambda: len(tried) >= MAX_FOUND, "the answers were not tried")
+                await asyncio.sleep(0.2)
+        assert len(tried) == MAX_FOUND == len(set(tried)) and list(fleet) == []
+
+    with caplog.at_level("WARNING", logger="pd_policy_vllm.http.discovery"):
+        asyncio.run(main())
+    assert any(f"the first {MAX_FOUND} taken" in r.getMessage() for r in caplog.records)

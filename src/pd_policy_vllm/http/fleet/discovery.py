@@ -19,6 +19,7 @@ import contextlib
 import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Final
 
 import attrs
 import dns.asyncresolver
@@ -31,9 +32,21 @@ from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
 from pd_policy_vllm.http.fleet.members import Fleet, member_name
 from pd_policy_vllm.openai.workers import HttpWorker
 
-__all__ = ["Discovery", "DnsSource", "discovering", "following", "found_urls", "resolver_for"]
+__all__ = [
+    "MAX_FOUND",
+    "Discovery",
+    "DnsSource",
+    "discovering",
+    "following",
+    "found_urls",
+    "resolver_for",
+]
 
 _log = logging.getLogger("pd_policy_vllm.http.discovery")
+
+#: The most workers one name may give: an answer past it (a DNS server gone wrong, or
+#: hostile) is cut to it, in a stable order, and logged.
+MAX_FOUND: Final = 256
 
 #: Describes a worker found: its URL and role, and what the operator says of it.
 Describe = Callable[[str, str, OperatorSays], Awaitable[HttpWorker]]
@@ -119,6 +132,10 @@ async def _follow(
             _log.warning("%s %s: not resolved (%s); the fleet is kept", source.role,
                          source.name, type(exc).__name__)  # fmt: skip
             urls = set(mine.values())
+        if len(urls) > MAX_FOUND:
+            _log.warning("%s %s: %d answers, the first %d taken", source.role, source.name,
+                         len(urls), MAX_FOUND)  # fmt: skip
+            urls = set(sorted(urls)[:MAX_FOUND])
         names = {}
         for url in urls:
             try:
