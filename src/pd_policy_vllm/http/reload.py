@@ -145,9 +145,7 @@ async def reload(
     if stated is not None:
         stated.clear()
         stated.update({key: says for key, (_, says) in wanted.items()})
-    # The old keys stay redacted from the log: once a secret, always one.
-    redact_logs(Keys(proxy.keys.worker, proxy.keys.clients + keys.clients,
-                     proxy.keys.admins + keys.admins))  # fmt: skip
+    redact_logs(keys)  # the filter adds them: an old key stays redacted, once a secret
     proxy.keys = Keys(proxy.keys.worker, keys.clients, keys.admins)
     done = Reload(tuple(added), tuple(drained), tuple(redescribed), tuple(unreachable),
                   tuple(restart))  # fmt: skip

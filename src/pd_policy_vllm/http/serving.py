@@ -79,10 +79,12 @@ class _Reloads:
         async with self.lock:
             probe = self.proxy.probe
             stated = probe.stated if probe is not None else None
+            argv = getattr(self.args, "argv", None)
+            if argv is None:  # not started from a command line: nothing to read again
+                _log.error("SIGHUP: this proxy was not started from a command line")
+                return
             try:
-                self.args, done = await reload(
-                    self.proxy, self.args, getattr(self.args, "argv", []), stated=stated
-                )
+                self.args, done = await reload(self.proxy, self.args, argv, stated=stated)
             except InvalidConfiguration as exc:
                 _log.error("SIGHUP: the configuration is refused, the running one kept: %s", exc)
                 return
