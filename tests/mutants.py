@@ -1687,8 +1687,22 @@ MUTANTS: Final = (
     Mutant(
         "a worker that leaves DNS keeps serving",
         "pd_policy_vllm/http/fleet/discovery.py",
-        "                fleet.drain(member)\n",
-        "                pass\n",
+        "        fleet.drain(member)\n",
+        "        pass\n",
+        ("tests/http/test_http_discovery.py",),
+    ),
+    Mutant(
+        "a reload drains the workers a followed name found",
+        "pd_policy_vllm/http/reload.py",
+        "(role, name) in wanted or (role, name) in found  # DNS's",
+        "(role, name) in wanted  # DNS's",
+        ("tests/http/test_http_discovery.py",),
+    ),
+    Mutant(
+        "a reload keeps following the names it started with",
+        "pd_policy_vllm/http/reload.py",
+        "    _follow(proxy, applied)\n",
+        "",
         ("tests/http/test_http_discovery.py",),
     ),
     Mutant(

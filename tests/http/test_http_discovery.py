@@ -30,6 +30,7 @@ from pd_policy_vllm.http.fleet.discovery import (
 )
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.proxy import Proxy
+from pd_policy_vllm.http.reload import reload
 from pd_policy_vllm.openai.workers import HttpWorker
 
 
@@ -183,3 +184,51 @@ def test_a_name_that_answers_too_many_gives_at_most_the_cap(
     with caplog.at_level("WARNING", logger="pd_policy_vllm.http.discovery"):
         asyncio.run(main())
     assert any(f"the first {MAX_FOUND} taken" in r.getMessage() for r in caplog.records)
+
+
+def test_a_reload_follows_the_files_names_now_and_keeps_what_a_kept_name_found(
+    tmp_path: Path,
+) -> None:
+    prefill = Stand("p", lm_only=False, describes=False)
+    first, second = Stand("first", describes=False), Stand("second", describes=False)
+    records = Records()
+    more = '\n[[discover]]\nrole = "decode"\nname = "more.test."\nsrv = true\ninterval = 0.2\n'
+
+    async def main() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            for stand in (prefill, first, second):
+                stand.url = await stack.enter_async_context(serving(stand.app()))
+            where = stack.enter_context(dns_server(records))
+            records.srv["decodes.test."] = [_srv(first)]
+            records.srv["more.test."] = [_srv(second)]
+            path = tmp_path / "proxy.toml"
+            path.write_text(_toml(prefill.url, where))
+            argv = ["--config", str(path)]
+            args, _ = configuration(argv, {})
+            fleet, probe = await read_fleet(args), probe_of(args)
+            proxy = Proxy(fleet=fleet, mrope=False, probe=probe, discovery=discovery_of(args))
+            await stack.enter_async_context(serving(proxy.app()))
+
+            def routable(stand: Stand) -> bool:
+                member = fleet.find(stand.url)
+                return member is not None and member.health.health is Health.HEALTHY
+
+            await _until(lambda: routable(first), "the first decode never joined")
+            first_key = ("decode", fleet.find(first.url).name)  # type: ignore[union-attr]
+            # A name added: followed; the kept one's worker is not the file's to drain.
+            path.write_text(_toml(prefill.url, where) + more)
+            args, done = await reload(proxy, args, argv, {}, stated=probe.stated)
+            assert done.drained == () and done.added == ()
+            await _until(lambda: routable(second), "the new name's decode never joined")
+            await asyncio.sleep(0.5)
+            assert routable(first) and probe.stated[first_key].capability is not None
+            assert probe.stated[first_key] == discovery_of(args).sources[0].says  # type: ignore[union-attr]
+            # A name removed: its workers drain; the other's stay.
+            path.write_text(_toml(prefill.url, where).split("[[discover]]")[0] + more)
+            args, done = await reload(proxy, args, argv, {}, stated=probe.stated)
+            await _until(lambda: not routable(first), "the removed name's decode kept serving")
+            assert fleet.find(first.url).health.health is Health.DRAINING  # type: ignore[union-attr]
+            assert routable(second) and first_key not in probe.stated
+            assert [s.name for s in proxy.discovery.sources] == ["more.test."]  # type: ignore[union-attr]
+
+    asyncio.run(main())

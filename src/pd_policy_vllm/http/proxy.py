@@ -35,7 +35,7 @@ from pd_policy_vllm.http.driver import Driver
 from pd_policy_vllm.http.fleet.admin import Admin, add_admin_routes
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts
 from pd_policy_vllm.http.fleet.describe import OperatorSays
-from pd_policy_vllm.http.fleet.discovery import Discovery, following
+from pd_policy_vllm.http.fleet.discovery import Discovery, Following, following
 from pd_policy_vllm.http.fleet.kv_routing import KvRouting
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.fleet.metrics import CONTENT_TYPE, Metrics
@@ -155,6 +155,8 @@ class Proxy:
         self.request_timeout = request_timeout
         self.kv_routing, self.render_once = kv_routing, render_once
         self.discovery = discovery
+        #: The names followed while serving (a reload gives it new ones); ``None`` else.
+        self.following: Following | None = None
         self.lifecycle = Lifecycle(self.fleet)
 
     def app(self) -> web.Application:
@@ -219,8 +221,12 @@ class Proxy:
             )
             stated = self.probe.stated if self.probe is not None else None
             found = following(self.discovery, self.fleet, clients.workers, headers, stated)
-            async with probes, feeds, found:
-                yield
+            self.following = found
+            try:
+                async with probes, feeds, found:
+                    yield
+            finally:
+                self.following = None
 
     async def _drain(self, app: web.Application) -> None:
         # Shutting down without SIGTERM's pre-stop (a test's runner, say): not ready.

@@ -5,14 +5,16 @@
 What a reload changes: the workers (those of the flags and of ``[[workers]]``, as the
 operator now describes them: a new one is described and joins once a probe passes; one
 no longer listed drains, its requests in flight finishing, and leaves; one whose table
-changed is described anew as it) and the clients' and admins' keys. Every other setting
+changed is described anew as it), the names followed in DNS (``[[discover]]``: a name
+kept goes on with the workers it found, a new one is followed, the workers of one
+removed drain) and the clients' and admins' keys. Every other setting
 takes a restart: a reload that changes one says so in its log line and keeps the value
 the proxy runs with. A file that cannot be read, a bad value, a keys file that holds no
 key: the reload is refused, logged, and the running configuration kept whole. Requests
 in flight finish on the view they started with.
 
 A reload makes the fleet the configuration's: a worker an admin added at run time, and
-not in the file, drains.
+not in the file, drains; a worker a followed name gives is the name's, not the file's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pd_policy_vllm.http.config.load import configuration
 from pd_policy_vllm.http.config.settings import settings
 from pd_policy_vllm.http.flags import operator_says, parser
 from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
+from pd_policy_vllm.http.fleet.discovery import Discovery
 from pd_policy_vllm.http.fleet.members import member_name
 from pd_policy_vllm.http.log_filter import install as redact_logs
 from pd_policy_vllm.http.proxy import Proxy
@@ -42,7 +45,7 @@ RELOADED: Final = frozenset(
     {
         "prefill", "decode", "encode", "workers", "kv_mode", "bootstrap_port",
         "decode_capability", "decode_kv_transfer_config", "allowed_media_domains",
-        "api_keys_file", "admin_api_key", "admin_api_keys_file",
+        "api_keys_file", "admin_api_key", "admin_api_keys_file", "discover",
     }
 )  # fmt: skip
 
@@ -114,6 +117,7 @@ async def reload(
         **vars(running),
         **{key: getattr(new, key) for key in RELOADED if hasattr(new, key)},
         "workers": new.workers,
+        "discover": new.discover,
     })  # fmt: skip
     wanted = wanted_workers(applied)
     running_says = operator_says(running)
@@ -138,18 +142,34 @@ async def reload(
                 continue
             proxy.fleet.add(role, worker, healthy=False)  # serves once a probe passes
             (redescribed if member is not None else added).append(f"{role} {name}")
+    found = proxy.following.found() if proxy.following is not None else set()
     for (role, name), member in present.items():
-        if (role, name) not in wanted and member.health.health is not Health.DRAINING:
+        listed = (role, name) in wanted or (role, name) in found  # DNS's are DNS's to drain
+        if not listed and member.health.health is not Health.DRAINING:
             proxy.fleet.drain(member)
             drained.append(f"{role} {name}")
     if stated is not None:
+        dns = {key: said for key, said in stated.items() if key in found and key not in wanted}
         stated.clear()
-        stated.update({key: says for key, (_, says) in wanted.items()})
+        stated.update({**dns, **{key: said for key, (_, said) in wanted.items()}})
+    _follow(proxy, applied)
     redact_logs(keys)  # the filter adds them: an old key stays redacted, once a secret
     proxy.keys = Keys(proxy.keys.worker, keys.clients, keys.admins)
     done = Reload(tuple(added), tuple(drained), tuple(redescribed), tuple(unreachable),
                   tuple(restart))  # fmt: skip
     return applied, done
+
+
+def _follow(proxy: Proxy, applied: argparse.Namespace) -> None:
+    # The names of the file's [[discover]] tables now: one kept goes on with what it
+    # found, a new one starts, one gone stops and its workers drain. The resolver asked
+    # (--dns-server) takes a restart.
+    says = operator_says(applied)
+    sources = tuple(entry.source(says) for entry in getattr(applied, "discover", ()))
+    server = proxy.discovery.server if proxy.discovery is not None else applied.dns_server
+    proxy.discovery = Discovery(sources, server) if sources else None
+    if proxy.following is not None:
+        proxy.following.follow(sources)
 
 
 def summary(outcome: Reload) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import contextlib
 import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Final
+from typing import Final, Self
 
 import attrs
 import dns.asyncresolver
@@ -36,6 +36,7 @@ __all__ = [
     "MAX_FOUND",
     "Discovery",
     "DnsSource",
+    "Following",
     "discovering",
     "following",
     "found_urls",
@@ -123,8 +124,9 @@ async def _follow(
     resolver: dns.asyncresolver.Resolver,
     describe: Describe,
     stated: dict[tuple[str, str], OperatorSays],
+    mine: dict[str, str],
 ) -> None:
-    mine: dict[str, str] = {}  # member name: URL, of the workers this source found
+    # ``mine``: member name to URL, of the workers this source found (its owner's).
     while True:
         try:
             urls = await found_urls(source, resolver)
@@ -158,13 +160,82 @@ async def _follow(
             mine[name] = url
             _log.info("%s %s: %s joins", source.role, source.name, name)
         for name in [n for n in mine if n not in names]:
-            member = fleet.named(name)
-            if member is not None:
-                fleet.drain(member)
-            del mine[name]
-            stated.pop((source.role, name), None)
+            _leave(fleet, source, name, mine, stated)
             _log.info("%s %s: %s left DNS, drains", source.role, source.name, name)
         await asyncio.sleep(source.interval)
+
+
+def _leave(
+    fleet: Fleet,
+    source: DnsSource,
+    name: str,
+    mine: dict[str, str],
+    stated: dict[tuple[str, str], OperatorSays],
+) -> None:
+    member = fleet.named(name)
+    if member is not None:
+        fleet.drain(member)
+    del mine[name]
+    stated.pop((source.role, name), None)
+
+
+class Following:
+    """The names followed now, each in a task of its own, and the workers each found:
+    [`follow`][pd_policy_vllm.http.fleet.discovery.Following.follow] sets them (a reload
+    gives the configuration's anew); ``stated`` (the prober's descriptions by role and
+    member name) learns how each worker found is described. Use as an async context
+    manager: leaving it stops every task, the fleet kept as it is."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        resolver: Callable[[], dns.asyncresolver.Resolver],
+        describe: Describe,
+        stated: dict[tuple[str, str], OperatorSays] | None = None,
+    ) -> None:
+        self.fleet, self.describe = fleet, describe
+        self.stated = {} if stated is None else stated
+        self._resolver_of = resolver
+        self._resolver: dns.asyncresolver.Resolver | None = None
+        self._tasks: dict[DnsSource, asyncio.Task[None]] = {}
+        self._found: dict[DnsSource, dict[str, str]] = {}
+
+    def follow(self, sources: Sequence[DnsSource]) -> None:
+        """Follow ``sources`` from now on: a source followed already goes on as it was
+        (what it found kept); a new one starts; one no longer given stops, and the
+        workers it found drain (unless a source still followed found them too)."""
+        wanted = dict.fromkeys(sources)
+        for source in [s for s in self._tasks if s not in wanted]:
+            self._tasks.pop(source).cancel()
+            mine = self._found.pop(source)
+            held = self.found()
+            for name in [n for n in mine if (source.role, n) not in held]:
+                _leave(self.fleet, source, name, mine, self.stated)
+                _log.info("%s %s: no longer followed; %s drains", source.role, source.name,
+                          name)  # fmt: skip
+        for source in wanted:
+            if source in self._tasks:
+                continue
+            resolver = self._resolver = self._resolver or self._resolver_of()
+            mine = self._found[source] = {}
+            run = _follow(self.fleet, source, resolver, self.describe, self.stated, mine)
+            self._tasks[source] = asyncio.get_running_loop().create_task(run)
+
+    def found(self) -> set[tuple[str, str]]:
+        """Every worker a followed name gives now, by role and member name."""
+        return {(s.role, name) for s, mine in self._found.items() for name in mine}
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 @contextlib.asynccontextmanager
@@ -174,20 +245,12 @@ async def discovering(
     resolver: dns.asyncresolver.Resolver,
     describe: Describe,
     stated: dict[tuple[str, str], OperatorSays] | None = None,
-) -> AsyncIterator[None]:
-    """Follow every source in the background for the duration of the block; ``stated``
-    (the prober's descriptions by role and member name) learns how each worker found is
-    described."""
-    stated = {} if stated is None else stated
-    tasks = [asyncio.create_task(_follow(fleet, s, resolver, describe, stated)) for s in sources]
-    try:
-        yield
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+) -> AsyncIterator[Following]:
+    """Follow every source in the background for the duration of the block (a
+    [`Following`][pd_policy_vllm.http.fleet.discovery.Following] of them)."""
+    async with Following(fleet, lambda: resolver, describe, stated) as follower:
+        follower.follow(sources)
+        yield follower
 
 
 def following(
@@ -196,14 +259,18 @@ def following(
     session: aiohttp.ClientSession,
     headers: Mapping[str, str],
     stated: dict[tuple[str, str], OperatorSays] | None = None,
-) -> contextlib.AbstractAsyncContextManager[None]:
-    """Follow ``discovery``'s names into ``fleet`` for the duration of the block, each
-    worker found described over ``session`` with ``headers`` (and so in ``stated``, the
-    prober's); nothing without one."""
-    if discovery is None:
-        return contextlib.nullcontext()
+) -> Following:
+    """A [`Following`][pd_policy_vllm.http.fleet.discovery.Following] of ``discovery``'s
+    names into ``fleet``, followed from now (none without one: a reload may give some),
+    each worker found
+    described over ``session`` with ``headers`` (and so in ``stated``, the prober's).
+    The resolver asked is ``discovery``'s server, else the system's; call in a running
+    event loop."""
+    server = discovery.server if discovery is not None else None
 
     async def described(url: str, role: str, says: OperatorSays) -> HttpWorker:
         return await describe(session, url, role, says, headers)
 
-    return discovering(fleet, discovery.sources, discovery.resolver(), described, stated)
+    follower = Following(fleet, lambda: resolver_for(server), described, stated)
+    follower.follow(discovery.sources if discovery is not None else ())
+    return follower
