@@ -1706,6 +1706,27 @@ MUTANTS: Final = (
         ("tests/http/test_http_discovery.py",),
     ),
     Mutant(
+        "a restarted process serves the configuration read at start",
+        "pd_policy_vllm/http/serving.py",
+        "        start(restarted=True)\n",
+        "        start()\n",
+        ("tests/http/test_http_processes.py",),
+    ),
+    Mutant(
+        "a watched file is read once, at start",
+        "pd_policy_vllm/http/watch.py",
+        "        if now == last:\n",
+        "        if True:\n",
+        ("tests/http/test_http_reload.py",),
+    ),
+    Mutant(
+        "the watched file is hashed without the keys files it names",
+        "pd_policy_vllm/http/watch.py",
+        "    return (Path(config), *(Path(path) for path in keys if path))\n",
+        "    return (Path(config),)\n",
+        ("tests/http/test_http_reload.py",),
+    ),
+    Mutant(
         "a failing resolution empties the fleet",
         "pd_policy_vllm/http/fleet/discovery.py",
         "            urls = set(mine.values())\n",

@@ -44,6 +44,7 @@ TEXT: dict[str, tuple[str, Any]] = {
     "processes": ("3", 3),
     "pre_stop_seconds": ("0", 0.0),
     "drain_seconds": ("2.5", 2.5),
+    "config_watch_seconds": ("0.5", 0.5),
     "access_log": ("false", False),
     "attempts": ("4", 4),
     "probe_interval": ("0.5", 0.5),

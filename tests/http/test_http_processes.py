@@ -1,6 +1,7 @@
 """``--processes 2`` against a real ``pd-policy-proxy`` process: two children on one port
 (port 0 included), a child killed and restarted while requests keep being served, every
-child drained on SIGTERM; and the combination it refuses (``--admin``)."""
+child drained on SIGTERM; a reload that reaches every child, and a restarted child that
+runs it; and the combination it refuses (``--admin``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from fleet_stands import Stand, serving
+from proxy_process import proxy_command, started
 from test_http_fleet import chat
 from test_http_lifecycle import _flags, _post, proxy_process
 
@@ -66,3 +68,52 @@ def test_admin_with_several_processes_is_refused_with_one_line(
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--admin with --processes above 1" in err
+
+
+def test_a_reload_reaches_every_process_and_a_restarted_one_runs_it(tmp_path: Path) -> None:
+    prefill = Stand("p", lm_only=False, describes=False)
+    old, new = Stand("old", describes=False), Stand("new", describes=False)
+    config, p = tmp_path / "proxy.toml", ""
+
+    def write(decode: str) -> None:
+        config.write_text(
+            f"mrope = false\nconfig_watch_seconds = 0\nprobe_interval = 0.2\n\n"
+            f'[[workers]]\nurl = "{p}"\nrole = "prefill"\nkv_mode = "nixl"\n\n'
+            f'[[workers]]\nurl = "{decode}"\nrole = "decode"\ncapability = "lm-only"\n'
+        )
+
+    async def main_() -> None:
+        nonlocal p
+        async with contextlib.AsyncExitStack() as stack:
+            p = await stack.enter_async_context(serving(prefill.app()))
+            d1 = await stack.enter_async_context(serving(old.app()))
+            d2 = await stack.enter_async_context(serving(new.app()))
+            write(d1)
+            flags = ("--config", str(config), "--processes", "2", "--pre-stop-seconds", "0")
+            running = await stack.enter_async_context(started(proxy_command(*flags)))
+            url, process, log = running.url, running.process, running.log
+            deadline = time.monotonic() + 60
+            while len(_children(process.pid)) < 2:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            write(d2)
+            process.send_signal(signal.SIGHUP)  # to the parent: it tells every child
+            while sum("SIGHUP: reloaded" in x for x in log) < 2:
+                assert time.monotonic() < deadline, "not every process reloaded"
+                await asyncio.sleep(0.1)
+            # One child killed: its successor is made from the start's configuration, and
+            # reads the one its sibling runs now before anything else.
+            before = _children(process.pid)
+            os.kill(min(before), signal.SIGKILL)
+            while not any("restarted: reloaded" in x for x in log):
+                assert time.monotonic() < deadline, "the restarted child did not reload"
+                await asyncio.sleep(0.1)
+            served = len(old.calls)
+            # Each request on a connection of its own: the kernel spreads them over both.
+            while len(new.calls) < 24:
+                assert time.monotonic() < deadline, "the new decode never served"
+                statuses = await asyncio.gather(*(_post(url, chat(i)) for i in range(8)))
+                assert set(statuses) <= {200, 503}
+            assert len(old.calls) == served  # no process routes to the decode dropped
+
+    asyncio.run(main_())

@@ -1,7 +1,9 @@
 """SIGHUP reads the configuration again, against a real ``pd-policy-proxy`` process: a
 worker taken out of the file drains (its request in flight finishing) and a new one
 joins, a revoked client key stops working and a new one starts, a bad file is refused
-with the running configuration kept, and a setting that takes a restart is named."""
+with the running configuration kept, and a setting that takes a restart is named. A
+watched file is read again when its content (or a keys file's) changes, with no
+signal."""
 
 from __future__ import annotations
 
@@ -57,7 +59,8 @@ def test_sighup_reloads_workers_and_keys_keeps_a_running_config_over_a_bad_one(
             d2 = await stack.enter_async_context(serving(new.app()))
             keys.write_text("key-before\n")
             _config(config, keys, p, d1)
-            flags = ("--config", str(config), "--probe-interval", "0.2")
+            flags = ("--config", str(config), "--probe-interval", "0.2",
+                     "--config-watch-seconds", "0")  # fmt: skip
             running = await stack.enter_async_context(started(proxy_command(*flags)))
             url, process, log = running.url, running.process, running.log
             assert await _post(url, "key-before", chat(1)) == 200 and len(old.calls) == 1
@@ -98,3 +101,48 @@ async def _true(value: bool) -> bool:
 
 async def _ok(url: str, key: str) -> bool:
     return await _post(url, key, chat(0)) == 200
+
+
+def test_a_watched_file_that_changes_is_read_again_with_no_signal(tmp_path: Path) -> None:
+    prefill = Stand("p", lm_only=False, describes=False)
+    old, new = Stand("old", describes=False), Stand("new", describes=False)
+    config, keys = tmp_path / "proxy.toml", tmp_path / "client-keys"
+
+    def reloads(log: list[str]) -> list[str]:
+        return [x for x in log if "changed: reloaded" in x]
+
+    async def main() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            p = await stack.enter_async_context(serving(prefill.app()))
+            d1 = await stack.enter_async_context(serving(old.app()))
+            d2 = await stack.enter_async_context(serving(new.app()))
+            keys.write_text("key-1\n")
+            _config(config, keys, p, d1, config_watch_seconds=0.2)
+            flags = ("--config", str(config), "--probe-interval", "0.2")
+            running = await stack.enter_async_context(started(proxy_command(*flags)))
+            url, log = running.url, running.log
+            assert await _post(url, "key-1", chat(1)) == 200 and len(old.calls) == 1
+            # The file rewritten in place: another decode.
+            _config(config, keys, p, d2, config_watch_seconds=0.2)
+            await _until(lambda: _true(len(reloads(log)) == 1), "the change was not seen")
+            assert f'"added": ["decode {d2}"]' in reloads(log)[0]
+            await _until(lambda: _ok(url, "key-1"), "the new decode never served")
+            assert len(old.calls) == 1
+            # Only the keys file changes (a Secret rotated): read again too.
+            keys.write_text("key-2\n")
+            await _until(lambda: _true(len(reloads(log)) == 2), "the keys' change was not seen")
+            assert await _post(url, "key-1", chat(2)) == 401
+            assert await _post(url, "key-2", chat(3)) == 200
+            # A file swapped for a bad one: refused once, not again until it changes.
+            broken = tmp_path / "broken.toml"
+            broken.write_text("mrope = \n")
+            broken.replace(config)  # as a ConfigMap swaps its file: a rename, not a write
+            await _until(lambda: _true(any("refused" in x for x in log)), "no refusal")
+            await asyncio.sleep(1.0)
+            assert sum("refused" in x for x in log) == 1
+            assert await _post(url, "key-2", chat(4)) == 200
+            _config(config, keys, p, d1, config_watch_seconds=0.2)
+            await _until(lambda: _true(len(reloads(log)) == 3), "the mended file was not read")
+            assert f'"drained": ["decode {d2}"]' in reloads(log)[2]
+
+    asyncio.run(main())

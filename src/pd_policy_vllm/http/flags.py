@@ -76,6 +76,13 @@ def parser() -> argparse.ArgumentParser:
         help="a TOML file of settings and [[workers]] (also $PD_POLICY_CONFIG)",
     )
     add(
+        "--config-watch-seconds",
+        type=seconds,
+        default=5.0,
+        help="seconds between checks of the --config file and the keys files it names; "
+        "one that changed is read again, as on SIGHUP (5; 0: on SIGHUP only)",
+    )
+    add(
         "--print-config",
         action="store_true",
         help="print the effective configuration, secrets hidden, and exit",

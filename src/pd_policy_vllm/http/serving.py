@@ -20,6 +20,7 @@ from pd_policy_vllm.http.aio import access_logger, web
 from pd_policy_vllm.http.client_gate import GatedRunner
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.http.reload import reload, summary
+from pd_policy_vllm.http.watch import watched, watching
 
 __all__ = ["processes", "serve"]
 
@@ -37,7 +38,7 @@ async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stopping.put_nowait, signum)
     reloads = _Reloads(proxy, args)
-    loop.add_signal_handler(signal.SIGHUP, reloads.start)
+    loop.add_signal_handler(signal.SIGHUP, reloads.start, "SIGHUP")
     runner = GatedRunner(
         proxy.app(),
         proxy.front_door,
@@ -51,6 +52,12 @@ async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
         await site.start()
         for address in runner.addresses:  # port 0 is the kernel's choice: say which
             _log.info("listening on %s port %d", address[0], address[1])
+        if getattr(args, "restarted", False):  # its siblings may have reloaded meanwhile
+            reloads.start("restarted")
+        if args.config_watch_seconds > 0 and watched(args):
+            watch = watching(lambda: reloads.args, lambda: reloads.run("changed"),
+                             args.config_watch_seconds)  # fmt: skip
+            reloads.tasks.add(loop.create_task(watch))
         received = await stopping.get()
         proxy.lifecycle.draining = True
         if received == signal.SIGTERM and args.pre_stop_seconds > 0:
@@ -59,36 +66,41 @@ async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
             with contextlib.suppress(TimeoutError):  # a second signal cuts it short
                 await asyncio.wait_for(stopping.get(), args.pre_stop_seconds)
     finally:
+        for task in reloads.tasks:
+            task.cancel()
         await runner.cleanup()
 
 
 class _Reloads:
-    """SIGHUP's reloads, one at a time, each over the settings the last one left."""
+    """The reloads (SIGHUP's, the watched file's, a restarted process's), one at a time,
+    each over the settings the last one left."""
 
     def __init__(self, proxy: Proxy, args: argparse.Namespace) -> None:
         self.proxy, self.args = proxy, args
         self.lock = asyncio.Lock()
         self.tasks: set[asyncio.Task[None]] = set()
 
-    def start(self) -> None:
-        task = asyncio.get_running_loop().create_task(self.run())
+    def start(self, cause: str) -> None:
+        task = asyncio.get_running_loop().create_task(self.run(cause))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def run(self) -> None:
+    async def run(self, cause: str) -> None:
+        """Read the configuration again; ``cause`` (what asked) heads its log line."""
         async with self.lock:
             probe = self.proxy.probe
             stated = probe.stated if probe is not None else None
             argv = getattr(self.args, "argv", None)
             if argv is None:  # not started from a command line: nothing to read again
-                _log.error("SIGHUP: this proxy was not started from a command line")
+                _log.error("%s: this proxy was not started from a command line", cause)
                 return
             try:
                 self.args, done = await reload(self.proxy, self.args, argv, stated=stated)
             except InvalidConfiguration as exc:
-                _log.error("SIGHUP: the configuration is refused, the running one kept: %s", exc)
+                _log.error("%s: the configuration is refused, the running one kept: %s",
+                           cause, exc)  # fmt: skip
                 return
-            _log.info("SIGHUP: reloaded %s", json.dumps(summary(done), sort_keys=True))
+            _log.info("%s: reloaded %s", cause, json.dumps(summary(done), sort_keys=True))
 
 
 def serve(args: argparse.Namespace, proxy: Proxy) -> None:
@@ -119,7 +131,8 @@ def _bound_port(args: argparse.Namespace) -> tuple[socket.socket, int]:
 def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
     """Serve ``args.processes`` proxies, each made by ``make`` in a process of its own, on
     one port (SO_REUSEPORT: the kernel spreads the connections). A child that dies is
-    restarted, and logged; one that keeps dying at start ends the proxy with its status.
+    restarted, and logged, and reads the configuration again (its siblings may have
+    reloaded since); one that keeps dying at start ends the proxy with its status.
     SIGTERM and SIGINT go to every child, which drains; the exit status is the first
     failed child's, else 0."""
     holder, port = _bound_port(args)
@@ -127,7 +140,7 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
     children: dict[int, float] = {}  # pid: when it started
     stopping = False
 
-    def start() -> None:
+    def start(restarted: bool = False) -> None:
         pid = os.fork()
         if pid == 0:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -135,7 +148,9 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
             holder.close()
             code = 0
             try:
-                serve(args, make())
+                # A restarted child is made from the configuration read at start: it reads
+                # the one its siblings run now (a reload or a changed file since).
+                serve(argparse.Namespace(**{**vars(args), "restarted": restarted}), make())
             except BaseException:
                 _log.exception("proxy process failed")
                 code = 1
@@ -178,6 +193,6 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
             forward(signal.SIGTERM, None)
             status = exit_code or 1
             continue
-        start()
+        start(restarted=True)
     holder.close()
     return status

@@ -39,6 +39,7 @@ def configuration(
     args.workers = file_workers(file, where)
     args.discover = file_discovery(file, where)
     args.argv = list(argv)  # read again on SIGHUP
+    args.config_path = Path(path) if path else None  # watched for a change
     for role in ("prefill", "decode"):
         listed = [*args.workers, *args.discover]
         if not getattr(args, role) and not any(e.role == role for e in listed):
