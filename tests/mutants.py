@@ -1727,6 +1727,27 @@ MUTANTS: Final = (
         ("tests/http/test_http_reload.py",),
     ),
     Mutant(
+        "a scrape of several processes answers for the one that took it",
+        "pd_policy_vllm/http/proxy.py",
+        "            body = await self.siblings.metrics(body)\n",
+        "            pass\n",
+        ("tests/http/test_http_metrics_merge.py",),
+    ),
+    Mutant(
+        "merged processes' gauges of a member's load are the greatest, not the sum",
+        "pd_policy_vllm/http/fleet/metrics_merge.py",
+        "            return _add\n",
+        "            return max\n",
+        ("tests/http/test_http_metrics_merge.py",),
+    ),
+    Mutant(
+        "a restart is not counted",
+        "pd_policy_vllm/http/serving.py",
+        "        restarts += 1  # counted in /metrics by every child started from now\n",
+        "",
+        ("tests/http/test_http_metrics_merge.py",),
+    ),
+    Mutant(
         "a failing resolution empties the fleet",
         "pd_policy_vllm/http/fleet/discovery.py",
         "            urls = set(mine.values())\n",

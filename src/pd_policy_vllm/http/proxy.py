@@ -50,6 +50,7 @@ from pd_policy_vllm.http.media.pinning import fetch_budget
 from pd_policy_vllm.http.planning import Planning
 from pd_policy_vllm.http.redact import Redactor
 from pd_policy_vllm.http.request_log import log_request
+from pd_policy_vllm.http.siblings import Siblings
 from pd_policy_vllm.http.upstream import DEFAULT_LIMITS, Limits, Observer
 from pd_policy_vllm.openai.plan.request import Route
 from pd_policy_vllm.openai.plan.responses import RESPONSES
@@ -157,6 +158,8 @@ class Proxy:
         self.discovery = discovery
         #: The names followed while serving (a reload gives it new ones); ``None`` else.
         self.following: Following | None = None
+        #: The other processes of ``--processes N``, whose metrics ``/metrics`` merges.
+        self.siblings: Siblings | None = None
         self.lifecycle = Lifecycle(self.fleet)
 
     def app(self) -> web.Application:
@@ -241,11 +244,17 @@ class Proxy:
         authorization = request.headers.get("Authorization")
         if not self.keys.admits(authorization) and self.keys.admin(authorization) is None:
             return error_response(Unauthorized())
+        body = self.own_metrics()
+        if self.siblings is not None:
+            body = await self.siblings.metrics(body)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    def own_metrics(self) -> bytes:
+        """This process's metrics as they are now (its fleet's load and health, its KV
+        feeds), in Prometheus' text format."""
         if self.kv_routing is not None:
             self.metrics.kv_feeds(self.kv_routing.stats(), self.kv_routing.index)
-        return web.Response(
-            body=self.metrics.render(self.fleet), headers={"Content-Type": CONTENT_TYPE}
-        )
+        return self.metrics.render(self.fleet)
 
     async def _models(self, request: web.Request) -> web.Response:
         if not self.keys.admits(request.headers.get("Authorization")):

@@ -9,10 +9,13 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final
 
 from pd_policy import InvalidConfiguration
@@ -20,6 +23,7 @@ from pd_policy_vllm.http.aio import access_logger, web
 from pd_policy_vllm.http.client_gate import GatedRunner
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.http.reload import reload, summary
+from pd_policy_vllm.http.siblings import Siblings
 from pd_policy_vllm.http.watch import watched, watching
 
 __all__ = ["processes", "serve"]
@@ -46,29 +50,48 @@ async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
         access_log=access_logger if args.access_log else None,
         shutdown_timeout=args.drain_seconds,
     )
+    directory = getattr(args, "metrics_dir", None)
+    proxy.siblings = Siblings(directory) if directory is not None else None
+    proxy.metrics.process_restarts.inc(getattr(args, "restarts", 0))
+    # Its own metrics stay open to its siblings' scrapes until it has drained.
+    own = proxy.siblings.serving(proxy.own_metrics) if proxy.siblings else contextlib.nullcontext()
     await runner.setup()
+    cleaned = False
     try:
-        site = web.TCPSite(runner, args.host, args.port, reuse_port=args.processes > 1)
-        await site.start()
-        for address in runner.addresses:  # port 0 is the kernel's choice: say which
-            _log.info("listening on %s port %d", address[0], address[1])
-        if getattr(args, "restarted", False):  # its siblings may have reloaded meanwhile
-            reloads.start("restarted")
-        if args.config_watch_seconds > 0 and watched(args):
-            watch = watching(lambda: reloads.args, lambda: reloads.run("changed"),
-                             args.config_watch_seconds)  # fmt: skip
-            reloads.tasks.add(loop.create_task(watch))
-        received = await stopping.get()
-        proxy.lifecycle.draining = True
-        if received == signal.SIGTERM and args.pre_stop_seconds > 0:
-            _log.info("SIGTERM: not ready; serving %gs more, then draining for %gs",
-                      args.pre_stop_seconds, args.drain_seconds)  # fmt: skip
-            with contextlib.suppress(TimeoutError):  # a second signal cuts it short
-                await asyncio.wait_for(stopping.get(), args.pre_stop_seconds)
+        async with own:
+            site = web.TCPSite(runner, args.host, args.port, reuse_port=args.processes > 1)
+            await site.start()
+            for address in runner.addresses:  # port 0 is the kernel's choice: say which
+                _log.info("listening on %s port %d", address[0], address[1])
+            await _until_stopped(args, proxy, reloads, stopping)
+            for task in reloads.tasks:
+                task.cancel()
+            cleaned = True
+            await runner.cleanup()
     finally:
         for task in reloads.tasks:
             task.cancel()
-        await runner.cleanup()
+        if not cleaned:
+            await runner.cleanup()
+
+
+async def _until_stopped(
+    args: argparse.Namespace, proxy: Proxy, reloads: _Reloads, stopping: asyncio.Queue[int]
+) -> None:
+    # Serving: reloads as asked, until SIGTERM (and its pre-stop) or SIGINT.
+    if getattr(args, "restarted", False):  # its siblings may have reloaded meanwhile
+        reloads.start("restarted")
+    if args.config_watch_seconds > 0 and watched(args):
+        watch = watching(lambda: reloads.args, lambda: reloads.run("changed"),
+                         args.config_watch_seconds)  # fmt: skip
+        reloads.tasks.add(asyncio.get_running_loop().create_task(watch))
+    received = await stopping.get()
+    proxy.lifecycle.draining = True
+    if received == signal.SIGTERM and args.pre_stop_seconds > 0:
+        _log.info("SIGTERM: not ready; serving %gs more, then draining for %gs",
+                  args.pre_stop_seconds, args.drain_seconds)  # fmt: skip
+        with contextlib.suppress(TimeoutError):  # a second signal cuts it short
+            await asyncio.wait_for(stopping.get(), args.pre_stop_seconds)
 
 
 class _Reloads:
@@ -136,9 +159,12 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
     SIGTERM and SIGINT go to every child, which drains; the exit status is the first
     failed child's, else 0."""
     holder, port = _bound_port(args)
-    args = argparse.Namespace(**{**vars(args), "port": port})
+    # Where each child serves its own metrics to the one that takes a scrape: a directory
+    # only this user may enter.
+    sockets = Path(tempfile.mkdtemp(prefix="pd-policy-processes-"))
+    args = argparse.Namespace(**{**vars(args), "port": port, "metrics_dir": sockets})
     children: dict[int, float] = {}  # pid: when it started
-    stopping = False
+    stopping, restarts = False, 0
 
     def start(restarted: bool = False) -> None:
         pid = os.fork()
@@ -150,7 +176,8 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
             try:
                 # A restarted child is made from the configuration read at start: it reads
                 # the one its siblings run now (a reload or a changed file since).
-                serve(argparse.Namespace(**{**vars(args), "restarted": restarted}), make())
+                more = {"restarted": restarted, "restarts": restarts}
+                serve(argparse.Namespace(**{**vars(args), **more}), make())
             except BaseException:
                 _log.exception("proxy process failed")
                 code = 1
@@ -183,6 +210,7 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
         if started is None:
             continue
         exit_code = os.waitstatus_to_exitcode(code)
+        (sockets / f"{pid}.sock").unlink(missing_ok=True)  # killed, it could not
         if stopping:
             status = status or exit_code
             continue
@@ -193,6 +221,8 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
             forward(signal.SIGTERM, None)
             status = exit_code or 1
             continue
+        restarts += 1  # counted in /metrics by every child started from now
         start(restarted=True)
     holder.close()
+    shutil.rmtree(sockets, ignore_errors=True)
     return status

@@ -8,6 +8,8 @@
 - ``pd_policy_worker_outstanding{role, worker}`` and ``pd_policy_worker_up{role, worker}``
   (1 when routable): each member's load and health;
 - ``pd_policy_retries_total{leg}`` and ``pd_policy_ejections_total{role, worker}``;
+- ``pd_policy_process_restarts_total``: with ``--processes N``, the processes restarted
+  after they died;
 - with KV-event routing: ``pd_policy_kv_routing_total{outcome}`` (``hit``: the prefill
   chosen held some of the request's blocks, ``miss``: none held, ``fallback``: not looked
   up), ``pd_policy_kv_blocks_total{kind}`` (the prompt blocks of the requests routed,
@@ -18,7 +20,8 @@
 
 A ``worker`` label is the member's name (``scheme://host:port``): no credentials, no
 path. No label holds a key, a salt or a request's content. Each proxy has a registry of
-its own (tests run several in one process).
+its own (tests run several in one process). With ``--processes N``, a scrape answers
+for every process ([`siblings`][pd_policy_vllm.http.siblings]).
 """
 
 from __future__ import annotations
@@ -115,6 +118,11 @@ class Metrics:
             registry=r,
         )
         self._resyncs_seen: dict[str, int] = {}
+        self.process_restarts = Counter(
+            "pd_policy_process_restarts",
+            "Proxy processes restarted after they died (--processes)",
+            registry=r,
+        )
 
         # Children by label values: ``labels()`` takes a lock and checks the values on
         # every call, and every request makes four. The label sets are few and bounded
