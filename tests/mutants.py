@@ -1748,6 +1748,13 @@ MUTANTS: Final = (
         ("tests/http/test_http_metrics_merge.py",),
     ),
     Mutant(
+        "a proxy process reads no KV events",
+        "pd_policy_vllm/http/proxy.py",
+        "                else self.kv_routing.running(self.fleet)\n",
+        "                else contextlib.nullcontext()\n",
+        ("tests/http/test_http_processes.py",),
+    ),
+    Mutant(
         "a failing resolution empties the fleet",
         "pd_policy_vllm/http/fleet/discovery.py",
         "            urls = set(mine.values())\n",

@@ -1,7 +1,8 @@
 """``--processes 2`` against a real ``pd-policy-proxy`` process: two children on one port
 (port 0 included), a child killed and restarted while requests keep being served, every
 child drained on SIGTERM; a reload that reaches every child, and a restarted child that
-runs it; and the combination it refuses (``--admin``)."""
+runs it; every child reading the prefills' KV events and routing by them; and the
+combination it refuses (``--admin``)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import signal
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 from fleet_stands import Stand, serving
 from proxy_process import proxy_command, started
 from test_http_fleet import chat
+from test_http_kv_routing import chat as kv_chat
 from test_http_lifecycle import _flags, _post, proxy_process
 
+from kv_stub import StubConfig, kv_stubs
 from pd_policy_vllm.http.cli import main
 
 
@@ -117,3 +121,53 @@ def test_a_reload_reaches_every_process_and_a_restarted_one_runs_it(tmp_path: Pa
             assert len(old.calls) == served  # no process routes to the decode dropped
 
     asyncio.run(main_())
+
+
+KV_CONFIG = StubConfig(block_size=16, capacity=256, image_tokens=40)
+
+
+def test_each_process_follows_the_kv_events_and_routes_by_them() -> None:
+    # Round robin over two prefills, in each process: a follow-up lands on the prefill
+    # that served its first turn only where that process reads the prefills' KV events.
+    async def main_() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            stubs = await stack.enter_async_context(kv_stubs(2, 1, KV_CONFIG))
+            flags = [a for p in stubs.prefills for a in ("--prefill", p.url)]
+            flags += ["--decode", stubs.decodes[0].url, "--kv-routing", "--no-mrope",
+                      "--balance", "round_robin", "--processes", "2"]  # fmt: skip
+            running = await stack.enter_async_context(started(proxy_command(*flags)))
+            url, process = running.url, running.process
+            deadline = time.monotonic() + 60
+            while len(_children(process.pid)) < 2 or not await _synced(url):
+                assert time.monotonic() < deadline, "the processes never synced their feeds"
+                await asyncio.sleep(0.2)
+            firsts = []
+            for i in range(8):  # each turn on a connection of its own: either process
+                image = bytes([65 + i]) * 90
+                for stub in stubs.prefills:
+                    stub.records.clear()
+                assert await _post(url, _turn(i, image)) == 200
+                (first,) = [s.name for s in stubs.prefills if s.records]
+                await asyncio.sleep(0.3)  # its blocks' events reach both processes
+                assert await _post(url, _turn(i, image, "and more")) == 200
+                then = [s.name for s in stubs.prefills if len(s.records) == (s.name == first) + 1]
+                assert then == [first], f"turn {i}: first on {first}, then on {then}"
+                firsts.append(first)
+            assert set(firsts) == {"p0", "p1"}  # round robin alone would have moved them
+
+    asyncio.run(main_())
+
+
+def _turn(i: int, image: bytes, *more: str) -> dict[str, object]:
+    # A system prompt of its own: no two conversations share a block.
+    body = kv_chat(f"topic {i}", *more, image=image)
+    body["messages"][0]["content"] = f"conversation {i} speaks " * 12
+    return body
+
+
+async def _synced(url: str) -> bool:
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as response:
+        text = await response.text()
+    synced = [line for line in text.splitlines() if line.startswith("pd_policy_kv_synced{")]
+    # Merged as the least of the processes': 1 when every process reads every feed.
+    return len(synced) == 2 and all(line.endswith(" 1.0") for line in synced)
