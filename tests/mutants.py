@@ -1755,6 +1755,13 @@ MUTANTS: Final = (
         ("tests/http/test_http_processes.py",),
     ),
     Mutant(
+        "a key a reload adds is not redacted from the log",
+        "pd_policy_vllm/http/reload.py",
+        "    redact_logs(keys)  # the filter adds them: an old key stays redacted, once a secret\n",
+        "",
+        ("tests/http/test_http_log_secrets.py",),
+    ),
+    Mutant(
         "a failing resolution empties the fleet",
         "pd_policy_vllm/http/fleet/discovery.py",
         "            urls = set(mine.values())\n",

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import traceback
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
@@ -24,8 +25,10 @@ from fleet_stands import Stand, serving
 from pd_policy import Support, WorkerCapability
 from pd_policy_vllm.http import HttpWorker, cli
 from pd_policy_vllm.http import log_filter as log_filter_module
-from pd_policy_vllm.http.auth import Keys
+from pd_policy_vllm.http.auth import Keys, read_keys
+from pd_policy_vllm.http.config.load import configuration
 from pd_policy_vllm.http.proxy import Proxy
+from pd_policy_vllm.http.reload import reload
 
 WORKER_KEY: Final = "wk-5e1f-the-workers-key"
 CLIENT_KEY: Final = "ck-8a2b-a-clients-key"
@@ -160,3 +163,45 @@ def test_the_command_installs_the_filter_before_it_reads_its_workers(
     assert _filters()
     text = shown(caplog.records)
     assert key not in text and "no worker takes <redacted>" in text, text
+
+
+def test_a_client_key_a_reload_adds_is_redacted_from_then_on(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    # The filter knows the keys the proxy started with; a key a reload brings must be
+    # redacted too, wherever a line quotes it (here in a header no filter reads as a
+    # credential).
+    added = "ck-71d3-added-by-a-reload"
+    keys_file, config = tmp_path / "client-keys", tmp_path / "proxy.toml"
+
+    async def go() -> bytes:
+        async with serving(Stand("p0", lm_only=False).app()) as p, serving(
+            Stand("d0").app()
+        ) as d:  # fmt: skip
+            keys_file.write_text(CLIENT_KEY + "\n")
+            config.write_text(
+                f'mrope = false\napi_keys_file = "{keys_file}"\n'
+                f'[[workers]]\nurl = "{p}"\nrole = "prefill"\nkv_mode = "nixl"\n'
+                f'[[workers]]\nurl = "{d}"\nrole = "decode"\ncapability = "lm-only"\n'
+            )
+            argv = ["--config", str(config)]
+            args, _ = configuration(argv, {})
+            proxy = Proxy(fleet=await cli.read_fleet(args), mrope=False, keys=_keys(args))
+            async with serving(proxy.app()) as url:
+                keys_file.write_text(added + "\n")
+                _, done = await reload(proxy, args, argv, {})
+                assert proxy.keys.admits(f"Bearer {added}") and done.restart == ()
+                head = b"X-Api-Key: " + added.encode() + b"\x00\r\n"
+                line = b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\n"
+                return await _raw(url, line + head + b"Content-Length: 0\r\n\r\n")
+
+    with caplog.at_level(logging.DEBUG):
+        answer = asyncio.run(go())
+    assert b" 400 " in answer.split(b"\r\n")[0]
+    assert [r for r in caplog.records if r.name == "aiohttp.server"]  # the line was logged
+    text = shown(caplog.records)
+    assert added not in text and "<redacted>" in text, text
+
+
+def _keys(args: argparse.Namespace) -> Keys:
+    return read_keys({}, client_keys_file=args.api_keys_file)
