@@ -52,6 +52,8 @@ class Stand:
     cut_stream: bool = False
     #: Seconds each chat request takes.
     delay: float = 0.0
+    #: Seconds a streamed answer pauses after its first event (the rest of its tokens).
+    stream_pause: float = 0.0
     #: Fail each decode leg as vLLM does when its KV load fails (kv_load_failure_policy
     #: "fail"): a 500 whole, or a stream of the role, then the error event.
     load_fails: bool = False
@@ -116,6 +118,7 @@ class Stand:
         await response.write(b'data: {"worker": "' + self.name.encode() + b'"}\n\n')
         if self.cut_stream:
             raise ConnectionResetError("cut")  # aiohttp drops the connection
+        await asyncio.sleep(self.stream_pause)
         await response.write(b"data: [DONE]\n\n")
         return response
 

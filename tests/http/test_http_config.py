@@ -45,6 +45,7 @@ TEXT: dict[str, tuple[str, Any]] = {
     "pre_stop_seconds": ("0", 0.0),
     "drain_seconds": ("2.5", 2.5),
     "config_watch_seconds": ("0.5", 0.5),
+    "log_format": ("json", "json"),
     "access_log": ("false", False),
     "attempts": ("4", 4),
     "probe_interval": ("0.5", 0.5),

@@ -57,6 +57,7 @@ from pd_policy_vllm.http.fleet.members import Fleet, member_name
 from pd_policy_vllm.http.fleet.probe import Probe
 from pd_policy_vllm.http.fleet.routing import decode_capability
 from pd_policy_vllm.http.log_filter import install as redact_logs
+from pd_policy_vllm.http.log_format import configure as configure_logging
 from pd_policy_vllm.http.media.fetch import RemoteMedia
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.http.serving import processes, serve
@@ -257,12 +258,13 @@ def _configured(
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the proxy until SIGTERM or SIGINT. Exit status 2 for a configuration it cannot
     serve; ``--print-config`` prints the effective configuration and exits 0."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging("text")
     try:
         args, shown = configuration(sys.argv[1:] if argv is None else argv, os.environ)
     except InvalidConfiguration as exc:
         print(f"pd-policy-proxy: {exc}", file=sys.stderr)
         return 2
+    configure_logging(args.log_format)
     if args.print_config:
         print(shown, end="")
         return 0

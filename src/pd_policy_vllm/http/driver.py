@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Mapping
 
 from pd_policy.exchange import Exchange, settle
@@ -135,14 +136,16 @@ class Driver:
         incoming = attempt.incoming
         decode = attempt.relay
         answered = decode is not None and decode.first_byte_at > 0
+        streamed = decode is not None and decode.first_content_at > 0
         self.metrics.record(
             incoming.path,
             attempt.form,
             finish.outcome,
             legs=attempt.legs,
             retried=attempt.retried,
-            ttft=decode.first_byte_at - attempt.arrived if answered and decode else None,
+            ttft=decode.first_content_at - attempt.arrived if decode and streamed else None,
             decode_bytes=decode.sent if answered and decode else None,
+            duration=time.monotonic() - attempt.arrived,
         )
         if self.kv is not None:
             prefill = attempt.placement.prefill.name if attempt.placement else None

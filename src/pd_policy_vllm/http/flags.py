@@ -27,6 +27,7 @@ from pd_policy_vllm.http.limit_flags import (
     media_limits,
     upstream_limits,
 )
+from pd_policy_vllm.http.log_format import FORMATS
 from pd_policy_vllm.http.media.fetch import RemoteMedia
 
 __all__ = [
@@ -81,6 +82,12 @@ def parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds between checks of the --config file and the keys files it names; "
         "one that changed is read again, as on SIGHUP (5; 0: on SIGHUP only)",
+    )
+    add(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="log lines as text or as one JSON object each, with ISO-8601 timestamps (text)",
     )
     add(
         "--print-config",

@@ -10,6 +10,7 @@ its error says (a media host that did not answer).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -85,7 +86,8 @@ class Planning:
     request's fetches may read together
     ([`fetch_budget`][pd_policy_vllm.http.media.pinning.fetch_budget]). ``render_once``:
     a prefill leg is token-in from the KV-event lookup's render where the plan allows
-    ([`render_once`][pd_policy_vllm.openai.plan.render_once])."""
+    ([`render_once`][pd_policy_vllm.openai.plan.render_once]). ``fetched`` is told how
+    each remote fetch ended."""
 
     mrope: bool
     remote_media: RemoteMedia | None
@@ -93,6 +95,8 @@ class Planning:
     session: aiohttp.ClientSession
     fetch_budget: int = fetch_budget()
     render_once: bool = True
+    #: Told each remote fetch's end: ``ok``, or its error code (the proxy's metrics).
+    fetched: Callable[[str], None] | None = None
 
     def lookup_tensors(self, fleet: Fleet) -> bool:
         """Whether a lookup's render of a request on ``fleet`` asks for the items'
@@ -135,7 +139,7 @@ class Planning:
         chosen = attempt.placer.chosen
         assert chosen is not None and chosen.placement is action.placement
         if attempt.fetches is None:
-            attempt.fetches = Fetches(Budget(self.fetch_budget))
+            attempt.fetches = Fetches(Budget(self.fetch_budget), fetched=self.fetched)
         try:
             plan = await self.plan(attempt.incoming, chosen, attempt.fetches)
         except PolicyError as exc:

@@ -44,6 +44,7 @@ from pd_policy_vllm.http.fleet.probe import Probe, probing
 from pd_policy_vllm.http.front_door import FrontDoor, admit, error_response, refusal
 from pd_policy_vllm.http.lifecycle import Lifecycle
 from pd_policy_vllm.http.log_filter import install as redact_logs
+from pd_policy_vllm.http.log_format import REQUEST_ID, TRACE_ID, trace_id_of
 from pd_policy_vllm.http.media.fetch import RemoteMedia
 from pd_policy_vllm.http.media.guard import MediaLimits
 from pd_policy_vllm.http.media.pinning import fetch_budget
@@ -128,7 +129,8 @@ class Proxy:
         render_once: bool = True,
         discovery: Discovery | None = None,
     ) -> None:
-        self.metrics = Metrics()
+        # The latency buckets reach past the longest a request or a leg may take.
+        self.metrics = Metrics(max(limits.read_timeout, request_timeout or 0.0))
         if fleet is None:
             if prefill is None or not decode:
                 raise ValueError("the proxy needs a fleet, or a prefill and a decode worker")
@@ -160,6 +162,7 @@ class Proxy:
         self.following: Following | None = None
         #: The other processes of ``--processes N``, whose metrics ``/metrics`` merges.
         self.siblings: Siblings | None = None
+        self._clients: Clients | None = None
         self.lifecycle = Lifecycle(self.fleet)
 
     def app(self) -> web.Application:
@@ -190,7 +193,7 @@ class Proxy:
             self.trace_configs,
             Redactor.of(self.keys),
         ) as clients:
-            app[_CLIENTS] = clients
+            app[_CLIENTS] = self._clients = clients
             headers = self.keys.worker_headers()
             budget = fetch_budget(self.front_door.max_body)
             planning = Planning(
@@ -200,6 +203,7 @@ class Proxy:
                 clients.media,
                 budget,
                 render_once=self.render_once,
+                fetched=self.metrics.fetched,
             )
             app[_DRIVER] = Driver(
                 self.fleet,
@@ -254,7 +258,8 @@ class Proxy:
         feeds), in Prometheus' text format."""
         if self.kv_routing is not None:
             self.metrics.kv_feeds(self.kv_routing.stats(), self.kv_routing.index)
-        return self.metrics.render(self.fleet)
+        clients = self._clients
+        return self.metrics.render(self.fleet, clients.legs if clients is not None else None)
 
     async def _models(self, request: web.Request) -> web.Response:
         if not self.keys.admits(request.headers.get("Authorization")):
@@ -281,10 +286,23 @@ class Proxy:
     ) -> web.StreamResponse:
         """Serve one client request on ``route``; ``served_as`` is the client's route when
         it is another API that is planned as ``route`` (the Responses API, as chat)."""
-        arrived = time.monotonic()
         # The workers see the proxy's own id, unique per request: two clients that choose
         # one id must not collide on an engine. The client's is logged and echoed back.
         request_id = uuid.uuid4().hex
+        # This request's log lines (its legs' too) carry its ids; a keep-alive
+        # connection's next request must not.
+        ids = REQUEST_ID.set(request_id)
+        trace = TRACE_ID.set(trace_id_of(request.headers.get("traceparent")))
+        try:
+            return await self._serve(request, route, served_as, request_id)
+        finally:
+            TRACE_ID.reset(trace)
+            REQUEST_ID.reset(ids)
+
+    async def _serve(
+        self, request: web.Request, route: Route, served_as: str | None, request_id: str
+    ) -> web.StreamResponse:
+        arrived = time.monotonic()
         client_id = request.headers.get(REQUEST_ID_HEADER)
         echo = client_id if client_id is not None else request_id
         keys = self.keys
@@ -302,7 +320,8 @@ class Proxy:
                 client_id=client_id,
             )
         except PolicyError as exc:
-            # Refused at the door, before any plan: logged, not counted by form.
+            # Refused at the door, before any plan: logged, timed, not counted by form.
+            self.metrics.observe_duration(served_as or route.value, time.monotonic() - arrived)
             if self.log_requests:
                 path = served_as or route.value
                 log_request(

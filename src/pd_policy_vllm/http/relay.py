@@ -104,6 +104,9 @@ class DecodeRelay:
         self._redactor, self._request_id = redactor, request_id
         self.response: web.StreamResponse | None = None
         self.first_byte_at = 0.0
+        #: When a stream's first body byte went to the client (its time to first token);
+        #: 0 for a whole answer, or a stream that sent none.
+        self.first_content_at = 0.0
         self.sent = 0
         self._streaming = False
 
@@ -152,9 +155,11 @@ class DecodeRelay:
                     redacting = self._redactor.stream()
                     if sent := redacting.piece(held):
                         await out.write(sent)
+                        self.first_content_at = time.monotonic()
                     async for piece in up:
                         if sent := redacting.piece(piece):
                             await out.write(sent)
+                            self.first_content_at = self.first_content_at or time.monotonic()
                     if rest := redacting.end():
                         await out.write(rest)
                 else:
@@ -162,6 +167,7 @@ class DecodeRelay:
                     first = await anext(events)  # a failure before it: no head went out
                     out = await self._begin()
                     await out.write(b"data: " + self._redactor.data(first) + b"\n\n")
+                    self.first_content_at = time.monotonic()
                     async for event in events:
                         await out.write(b"data: " + self._redactor.data(event) + b"\n\n")
         except (aiohttp.ClientError, PolicyError) as exc:

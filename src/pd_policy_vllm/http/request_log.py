@@ -1,7 +1,9 @@
 """The proxy's one JSON line a request: its id, its route, its members, its form and its
 outcome, on the ``pd_policy_vllm.http.requests`` logger.
 
-A line names members by name and never carries a body, a header or a key.
+A line names members by name and never carries a body, a header or a key. With
+``--log-format json`` its fields are the line's own
+([`log_format`][pd_policy_vllm.http.log_format]).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from typing import Any, Final
 
 from pd_policy import Placement
+from pd_policy_vllm.http.log_format import TRACE_ID
 
 __all__ = ["log_request", "requests_log"]
 
@@ -47,5 +50,7 @@ def log_request(
         "decode": placement.decode.name if placement else None,
         "encoder": encoder.name if encoder is not None else None,
         "ms": round((time.monotonic() - arrived) * 1e3, 1),
+        "trace_id": TRACE_ID.get(),  # the client's W3C trace, when it sent one
     }
-    requests_log.info(json.dumps(line, separators=(",", ":")))
+    # The text format prints the JSON; the JSON format makes the fields its line's own.
+    requests_log.info("%s", json.dumps(line, separators=(",", ":")), extra={"fields": line})

@@ -3,7 +3,13 @@
 - ``pd_policy_requests_total{route, form, outcome}``: requests by the decode form they
   took and their outcome (``ok``, or the refusal's or failure's error code);
 - ``pd_policy_leg_seconds{leg}``: each leg's latency (render, encode, prefill, decode);
-- ``pd_policy_ttft_seconds``: from the request's arrival to its first byte to the client;
+- ``pd_policy_ttft_seconds``: from a streamed request's arrival to its answer's first
+  body byte to the client (a whole answer has none);
+- ``pd_policy_request_duration_seconds{route}``: every request's, arrival to its end;
+- ``pd_policy_media_fetches_total{outcome}``, ``pd_policy_upstream_queued_total`` and
+  ``pd_policy_upstream_waiting``: remote media fetched, legs that waited for a worker
+  connection (and wait now);
+- ``process_*``: the process's CPU, memory and open files;
 - ``pd_policy_decode_leg_bytes``: the bytes of each decode leg the proxy sent;
 - ``pd_policy_worker_outstanding{role, worker}`` and ``pd_policy_worker_up{role, worker}``
   (1 when routable): each member's load and health;
@@ -29,7 +35,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.metrics import MetricWrapperBase
 
 from pd_policy import Health, routable
 from pd_policy_vllm.http.fleet.members import Fleet, Member
@@ -37,22 +51,37 @@ from pd_policy_vllm.http.fleet.members import Fleet, Member
 if TYPE_CHECKING:
     from pd_policy.cache.prefix_index import PrefixIndex
     from pd_policy_vllm.http.fleet.kv_routing import Lookup
+    from pd_policy_vllm.http.upstream import Upstream
     from pd_policy_vllm.kv_events.feed import FeedStats
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["CONTENT_TYPE", "Metrics", "latency_buckets", "metrics_table"]
 
 #: The ``/metrics`` content type (Prometheus' text format).
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
-_LATENCY: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_LATENCY: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def latency_buckets(longest: float) -> tuple[float, ...]:
+    """The latency buckets, from 5 ms to at least ``longest`` seconds (the longest a
+    request or a leg may take): doubling past a minute, so that a ten-minute decode leg
+    lands in a bucket of its own, not in ``+Inf``."""
+    buckets = list(_LATENCY)
+    while buckets[-1] < longest:
+        buckets.append(buckets[-1] * 2)
+    return tuple(buckets)
+
+
 _BYTES: Final = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 
 
 class Metrics:
     """The proxy's metrics, in a registry of their own."""
 
-    def __init__(self) -> None:
+    def __init__(self, longest: float = 600.0) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        latency = latency_buckets(longest)
+        ProcessCollector(registry=r)  # CPU, memory, open files: process_*
         self.requests = Counter(
             "pd_policy_requests",
             "Requests, by decode form and outcome",
@@ -60,13 +89,30 @@ class Metrics:
             registry=r,
         )
         self.legs = Histogram(
-            "pd_policy_leg_seconds", "Each leg's latency", ["leg"], buckets=_LATENCY, registry=r
+            "pd_policy_leg_seconds",
+            "Each leg's latency: render, encode, prefill, decode",
+            ["leg"],
+            buckets=latency,
+            registry=r,
         )
         self.ttft = Histogram(
-            "pd_policy_ttft_seconds", "Arrival to the first byte out", buckets=_LATENCY, registry=r
+            "pd_policy_ttft_seconds",
+            "Arrival to a streamed answer's first body byte to the client",
+            buckets=latency,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "pd_policy_request_duration_seconds",
+            "Arrival to the answer's end, for every request (refusals included)",
+            ["route"],
+            buckets=latency,
+            registry=r,
         )
         self.decode_bytes = Histogram(
-            "pd_policy_decode_leg_bytes", "Bytes of each decode leg", buckets=_BYTES, registry=r
+            "pd_policy_decode_leg_bytes",
+            "Bytes of each decode leg the proxy sent",
+            buckets=_BYTES,
+            registry=r,
         )
         self.outstanding = Gauge(
             "pd_policy_worker_outstanding",
@@ -118,6 +164,23 @@ class Metrics:
             registry=r,
         )
         self._resyncs_seen: dict[str, int] = {}
+        self.media_fetches = Counter(
+            "pd_policy_media_fetches",
+            "Remote media items the proxy fetched, by outcome (ok, or the error code)",
+            ["outcome"],
+            registry=r,
+        )
+        self.upstream_queued = Counter(
+            "pd_policy_upstream_queued",
+            "Legs that waited for a connection to a worker",
+            registry=r,
+        )
+        self.upstream_waiting = Gauge(
+            "pd_policy_upstream_waiting",
+            "Legs waiting for a connection to a worker now",
+            registry=r,
+        )
+        self._queued_seen = 0
         self.process_restarts = Counter(
             "pd_policy_process_restarts",
             "Proxy processes restarted after they died (--processes)",
@@ -129,6 +192,7 @@ class Metrics:
         # (legs, routes, forms, codes).
         self._leg_children: dict[str, Histogram] = {}
         self._request_children: dict[tuple[str, str, str], Counter] = {}
+        self._duration_children: dict[str, Histogram] = {}
 
     def observe_leg(self, leg: str, seconds: float) -> None:
         """One leg's latency."""
@@ -136,6 +200,17 @@ class Metrics:
         if child is None:
             child = self._leg_children[leg] = self.legs.labels(leg)
         child.observe(seconds)
+
+    def observe_duration(self, route: str, seconds: float) -> None:
+        """One request's time, arrival to its answer's last byte."""
+        child = self._duration_children.get(route)
+        if child is None:
+            child = self._duration_children[route] = self.duration.labels(route)
+        child.observe(seconds)
+
+    def fetched(self, outcome: str) -> None:
+        """One remote media fetch's end: ``ok``, or its error code."""
+        self.media_fetches.labels(outcome).inc()
 
     def count_request(self, route: str, form: str, outcome: str) -> None:
         """One request's end, by its route, decode form and outcome."""
@@ -155,10 +230,14 @@ class Metrics:
         retried: Sequence[str] = (),
         ttft: float | None = None,
         decode_bytes: int | None = None,
+        duration: float | None = None,
     ) -> None:
         """One request's end, all at once: its count by route, decode form and outcome,
-        each leg's latency, the legs whose failures were tried again, and, when its decode
-        was relayed, its time to the first byte and the decode leg's bytes."""
+        its end-to-end ``duration``, each leg's latency, the legs whose failures were
+        tried again, and, when its decode was relayed, the decode leg's bytes and, for a
+        stream, its time to the first body byte."""
+        if duration is not None:
+            self.observe_duration(route, duration)
         for leg, seconds in legs:
             self.observe_leg(leg, seconds)
         for leg in retried:
@@ -199,9 +278,77 @@ class Metrics:
         if member.health.health is Health.EJECTED and before is not Health.EJECTED:
             self.ejections.labels(member.role, member.name).inc()
 
-    def render(self, fleet: Fleet) -> bytes:
-        """The text format, with every member's load and health as they are now."""
+    def render(self, fleet: Fleet, upstream: Upstream | None = None) -> bytes:
+        """The text format, with every member's load and health as they are now, and the
+        legs ``upstream`` (the legs' client) queued for a worker connection."""
+        if upstream is not None:
+            self.upstream_waiting.set(upstream.waiting)
+            queued = upstream.queued
+            if queued > self._queued_seen:  # a closed client starts again from 0
+                self.upstream_queued.inc(queued - self._queued_seen)
+            self._queued_seen = queued
         for member in fleet:
             self.outstanding.labels(member.role, member.name).set(member.outstanding)
             self.up.labels(member.role, member.name).set(1 if routable(member.health) else 0)
         return generate_latest(self.registry)
+
+
+#: The one metric a scrape of several processes adds
+#: ([`siblings`][pd_policy_vllm.http.siblings]).
+_PROCESSES: Final = (
+    "pd_policy_processes",
+    "gauge",
+    (),
+    "With --processes N: the processes whose metrics this answer holds",
+)
+
+
+def metrics_table() -> list[tuple[str, str, tuple[str, ...], str]]:
+    """Every metric the proxy exposes, as scraped: its name (a counter's with
+    ``_total``), kind, labels and help; the docs' table is made of it."""
+    rows = []
+    for collector in vars(Metrics()).values():
+        if not isinstance(collector, MetricWrapperBase):
+            continue
+        (family,) = collector.describe()
+        name = family.name + "_total" if family.type == "counter" else family.name
+        labels = tuple(collector._labelnames)
+        rows.append((name, family.type, labels, family.documentation))
+    for family in ProcessCollector(registry=None).collect():
+        name = family.name + "_total" if family.type == "counter" else family.name
+        rows.append((name, family.type, (), family.documentation))
+    rows.append(_PROCESSES)
+    return rows
+
+
+def _table() -> str:
+    lines = ["| metric | kind | labels | what |", "|---|---|---|---|"]
+    for name, kind, labels, what in metrics_table():
+        shown = ", ".join(f"`{label}`" for label in labels)
+        lines.append(f"| `{name}` | {kind} | {shown} | {what} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pd_policy_vllm.http.fleet.metrics --write PAGE``: the table of every
+    metric, written into ``PAGE`` between its ``metrics-table`` markers."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    cli = argparse.ArgumentParser(prog="python -m pd_policy_vllm.http.fleet.metrics")
+    cli.add_argument("--write", type=Path, metavar="PAGE")
+    args = cli.parse_args(argv)
+    if args.write is None:
+        sys.stdout.write(_table())
+        return 0
+    text = args.write.read_text()
+    start, end = "<!-- metrics-table: start -->\n", "<!-- metrics-table: end -->"
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    args.write.write_text(head + start + _table() + end + tail)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,10 +4,11 @@ Each process of ``--processes N`` counts what it served and sees the fleet as it
 probes do; a scrape answers for all of them. Counters and histograms add up, sample by
 sample (a label set one process has not seen counts as nothing there). A gauge says
 something of the fleet or of the proxy, so each has its rule: a member's outstanding
-requests add up; ``pd_policy_worker_up`` and ``pd_policy_kv_synced`` are the least of
-the processes' (1 only when every process routes to the member, or counts its blocks);
-the rest are the greatest (a feed's lag, the blocks indexed, and the restarts counted,
-which each process knows as of its own start). ``*_created`` is the earliest.
+requests, the legs waiting for a connection, the processes' memory and open files add
+up; ``pd_policy_worker_up`` and ``pd_policy_kv_synced`` are the least of the processes'
+(1 only when every process routes to the member, or counts its blocks), and so is the
+start time; the rest are the greatest (a feed's lag, the blocks indexed, the restarts
+counted, which each process knows as of its own start). ``*_created`` is the earliest.
 """
 
 from __future__ import annotations
@@ -22,9 +23,16 @@ from prometheus_client.parser import text_string_to_metric_families
 __all__ = ["ADDED_GAUGES", "LEAST_GAUGES", "merge"]
 
 #: The gauges whose merged value is the sum of the processes'.
-ADDED_GAUGES: Final = frozenset({"pd_policy_worker_outstanding"})
+ADDED_GAUGES: Final = frozenset(
+    {
+        "pd_policy_worker_outstanding", "pd_policy_upstream_waiting",
+        "process_resident_memory_bytes", "process_virtual_memory_bytes", "process_open_fds",
+    }
+)  # fmt: skip
 #: The gauges whose merged value is the least of the processes'.
-LEAST_GAUGES: Final = frozenset({"pd_policy_worker_up", "pd_policy_kv_synced"})
+LEAST_GAUGES: Final = frozenset(
+    {"pd_policy_worker_up", "pd_policy_kv_synced", "process_start_time_seconds"}
+)
 #: The counters each process reports whole (as of its start): the greatest is the count.
 _GREATEST_COUNTERS: Final = frozenset({"pd_policy_process_restarts"})
 

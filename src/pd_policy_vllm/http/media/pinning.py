@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, Final
 
 import attrs
 
-from pd_policy import MediaFetchFailed, MediaFetchRules
+from pd_policy import MediaFetchFailed, MediaFetchRules, PolicyError
 from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.media.fetch import (
     PINNED_MEDIA_TYPE,
@@ -73,10 +73,13 @@ class Fetched:
 @attrs.define
 class Fetches:
     """What one client request fetched, kept for its attempts: each item by its message
-    and part, and the bytes its fetches may still read (``budget``)."""
+    and part, the bytes its fetches may still read (``budget``), and whom to tell how
+    each fetch ended (``fetched``)."""
 
     budget: Budget = attrs.field(factory=lambda: Budget(fetch_budget()))
     items: dict[tuple[int, int], Fetched] = attrs.field(factory=dict)
+    #: Told each fetch's end: ``ok``, or the error code it failed with.
+    fetched: Callable[[str], None] | None = None
 
 
 def recheck(fetched: Fetched, part: MediaPart, rules: MediaFetchRules, limits: MediaLimits) -> None:
@@ -115,9 +118,17 @@ async def _fetch(
     fetches: Fetches,
 ) -> None:
     url = str(part.url)
-    data, hops = await fetch_hops(
-        session, url, part.modality, rules, param=part.param, limits=limits, budget=fetches.budget
-    )
+    try:
+        data, hops = await fetch_hops(
+            session, url, part.modality, rules, param=part.param, limits=limits,
+            budget=fetches.budget,
+        )  # fmt: skip
+    except PolicyError as exc:
+        if fetches.fetched is not None:
+            fetches.fetched(exc.code)
+        raise
+    if fetches.fetched is not None:
+        fetches.fetched("ok")
     pinned = await asyncio.to_thread(_pinned_url, data)
     fetches.items[part.message, part.part] = Fetched(url, hops, len(data), pinned)
 

@@ -83,17 +83,19 @@ class _Target:
 class _Pool:
     """One worker origin's idle connections, and the slots of the legs it is serving."""
 
-    __slots__ = ("busy", "idle", "waiters")
+    __slots__ = ("busy", "idle", "queued", "waiters")
 
     def __init__(self) -> None:
         self.idle: list[tuple[float, Connection]] = []
         self.busy = 0
         self.waiters: deque[asyncio.Future[None]] = deque()
+        self.queued = 0  # legs that waited for a slot, ever
 
     async def take(self, limits: Limits) -> None:
         if self.busy < limits.max_connections and not self.waiters:
             self.busy += 1
             return
+        self.queued += 1
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         self.waiters.append(waiter)
@@ -142,6 +144,16 @@ class Upstream:
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._targets: dict[str, _Target] = {}
         self._tls: ssl.SSLContext | None = None
+
+    @property
+    def queued(self) -> int:
+        """How many legs waited for a connection to their worker (all workers), ever."""
+        return sum(pool.queued for pool in self._pools.values())
+
+    @property
+    def waiting(self) -> int:
+        """How many legs wait for a connection to their worker now."""
+        return sum(len(pool.waiters) for pool in self._pools.values())
 
     def _target(self, url: str) -> _Target:
         target = self._targets.get(url)

@@ -1,0 +1,112 @@
+"""How the proxy's log lines look: ``--log-format text`` (the default) or ``json``.
+
+Every line carries an ISO-8601 UTC timestamp (milliseconds), its level and its logger.
+In JSON each line is one object (``time``, ``level``, ``logger``, ``message``, and
+``exception`` with a traceback); a request's own record (the
+``pd_policy_vllm.http.requests`` line) is its fields at the top level of that object, so
+a log pipeline parses it with no prefix to strip. A line logged while a request is
+served carries its ``request_id`` (the proxy's, the one its workers saw) and, when the
+client sent a W3C ``traceparent``, its ``trace_id``. What a line may say is the log
+filter's to redact ([`log_filter`][pd_policy_vllm.http.log_filter]): it runs before
+any formatter.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import re
+import sys
+from collections.abc import Mapping
+from contextvars import ContextVar
+from typing import Any, Final
+
+__all__ = [
+    "FORMATS",
+    "REQUEST_ID",
+    "TRACE_ID",
+    "JsonFormatter",
+    "TextFormatter",
+    "configure",
+    "trace_id_of",
+]
+
+#: The formats ``--log-format`` takes.
+FORMATS: Final = ("text", "json")
+#: The request being served by the running task, and its client's trace (if any).
+REQUEST_ID: Final[ContextVar[str | None]] = ContextVar("pd_policy_request_id", default=None)
+TRACE_ID: Final[ContextVar[str | None]] = ContextVar("pd_policy_trace_id", default=None)
+
+# W3C Trace Context: version "00", a trace id of 32 hex digits not all zero, a parent id
+# of 16, flags of 2. Anything else is no trace.
+_TRACEPARENT: Final = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id of a W3C ``traceparent`` header, or ``None`` for none or a bad one."""
+    found = _TRACEPARENT.match(traceparent.strip()) if traceparent else None
+    if found is None or found.group(1) == "0" * 32 or found.group(2) == "0" * 16:
+        return None
+    return found.group(1)
+
+
+def _time(record: logging.LogRecord) -> str:
+    moment = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _context(record: logging.LogRecord) -> dict[str, str]:
+    seen = {"request_id": REQUEST_ID.get(), "trace_id": TRACE_ID.get()}
+    return {key: value for key, value in seen.items() if value is not None}
+
+
+class TextFormatter(logging.Formatter):
+    """``TIME LEVEL LOGGER: MESSAGE``, and `` [request_id=... trace_id=...]`` while a
+    request is served."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{_time(record)} {record.levelname} {record.name}: {record.getMessage()}"
+        context = _context(record)
+        if context and not isinstance(getattr(record, "fields", None), Mapping):
+            line += " [" + " ".join(f"{k}={v}" for k, v in context.items()) + "]"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line (see the module docs)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {"time": _time(record), "level": record.levelname,
+                                "logger": record.name}  # fmt: skip
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, Mapping):  # a request's record: its fields are the line
+            line.update(_context(record))
+            line.update({k: v for k, v in fields.items() if k not in ("time", "level", "logger")})
+        else:
+            line["message"] = record.getMessage()
+            line.update(_context(record))
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, separators=(",", ":"), default=str)
+
+
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The proxy's own handler on the root logger: the one ``configure`` replaces."""
+
+
+def configure(log_format: str = "text", level: int = logging.INFO) -> None:
+    """Log to standard error in ``log_format`` (one of ``FORMATS``), at ``level``. The
+    handler a previous call put on the root logger is replaced; any other is left (a
+    host application's, a test's). Raises ``ValueError`` for another format."""
+    if log_format not in FORMATS:
+        raise ValueError(f"no log format {log_format!r} (one of {', '.join(FORMATS)})")
+    handler = _Handler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _Handler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
