@@ -248,7 +248,8 @@ def measure() -> dict[str, Any]:
     began = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         model = tiny_models.build_llava(Path(tmp) / "llava")
-        with kv_fleet.kv_fleet(model, Path(tmp) / "fleet") as fleet:
+        # Development mode: each policy's run starts from empty caches (/reset_prefix_cache).
+        with kv_fleet.kv_fleet(model, Path(tmp) / "fleet", dev_mode=True) as fleet:
             started = time.monotonic() - began
             bound = one_cache_bound(fleet.prefills["p1"], bodies)
             results = {name: run_policy(fleet, servers, flags, bodies)

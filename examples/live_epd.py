@@ -4,7 +4,8 @@
 locally, no model hub), it starts on 127.0.0.1 an encoder-only worker
 (``ec_producer``), a prefill worker that consumes its cache (``ec_consumer``, KV
 producer), a ``--language-model-only`` decode worker (KV consumer) and a plain
-full-vision prefill, the baseline, with the proxy in front of the first three. The KV
+full-vision prefill, the baseline, with the proxy in front of the first three, told
+what each is by the demo (no worker runs vLLM's development mode). The KV
 goes over vLLM's ``NixlConnector`` (both prefills NIXL producers the decode reads), NIXL's
 progress thread off by the tests' switch (``PD_POLICY_TEST_NIXL_PROGRESS_THREAD=on`` runs
 it as shipped); the encoder's cache goes over vLLM's example encoder-cache connector. It sends

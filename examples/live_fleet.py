@@ -7,7 +7,9 @@ on 127.0.0.1, two full-vision prefill servers (KV producers) and two
 (NIXL's progress thread off by the tests' switch; ``PD_POLICY_TEST_NIXL_PROGRESS_THREAD=on``
 runs it as shipped), each with ``--api-key``, and the proxy in front of them, which takes
 the workers' key from its environment, its clients' from a file and its admin's (for
-``/admin/workers``, which no client's key admits) from the environment. It sends mixed
+``/admin/workers``, which no client's key admits) from the environment, and what each
+worker is from a configuration file the demo writes (printed): no worker runs vLLM's
+development mode. It sends mixed
 image and text traffic, kills one decode mid-run, sends more, restarts it and waits until
 the proxy routes to it again. The prefills publish their KV events and the proxy routes by them
 (``--kv-routing``): a conversation about one image is followed up, and the follow-up
@@ -38,6 +40,7 @@ sys.path.insert(0, str(ROOT / "tests" / "vllm"))  # the model builder and server
 
 
 def main() -> int:
+    from described import shown
     from http_peers import data_url
     from llava_prompts import TEXT
     from nixl_peers import nixl_note
@@ -84,6 +87,7 @@ def main() -> int:
     print(nixl_note("four vllm serve workers"), flush=True)
     with pool_fleet(llava, work / "pool", kv_events=True, nixl=True) as pool:
         server = fleet_proxy(pool, "--kv-routing")
+        print(shown(server.command(server.ports)), flush=True)
         with running([server]):
             url = server.url
             seeds = [1, 2, None, 3]

@@ -4,7 +4,9 @@
 starts, on 127.0.0.1: a full-vision prefill server (KV producer) and a
 ``--language-model-only`` decode server (KV consumer) on vLLM's ``NixlConnector``
 (NIXL over UCX, the KV in host memory, as production runs it), and the proxy in front
-of them. It sends images A, B, A through the proxy with the ``openai`` client, next
+of them. No worker runs vLLM's development mode: the proxy is told what each is by a
+configuration file the demo writes (``[[workers]]``, printed). It sends images A, B, A
+through the proxy with the ``openai`` client, next
 to the same requests on the prefill server sent plainly (a full-vision server, the
 answer to match), with the bytes NIXL moved for each (the decode's ``/metrics``);
 shows what the decode server does with the original body, as other proxies send it;
@@ -33,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tests" / "vllm"))  # the model builder and server
 
 def main() -> int:
     import openai
+    from described import shown
     from http_peers import data_url, http_json, proxy
     from llava_prompts import TEXT
     from nixl_peers import nixl_counters, nixl_note, nixl_server
@@ -78,6 +81,7 @@ def main() -> int:
     with running([prefill, decode]):
         decode_url, baseline_url = decode.url, prefill.url
         server = proxy(work, prefill.url, [decode_url], "--no-mrope")
+        print(shown(server.command(server.ports)), flush=True)
         with running([server]):
             proxy_url = server.url
             for name, seed, stream in (("A", 1, False), ("B", 2, False), ("A", 1, True)):

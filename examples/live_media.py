@@ -7,8 +7,10 @@ for Qwen2-VL a full-vision prefill (also the full server to match), a
 full prefill and a ``--language-model-only`` decode. The KV goes over vLLM's
 ``NixlConnector``, NIXL's progress thread off by the tests' switch
 (``PD_POLICY_TEST_NIXL_PROGRESS_THREAD=on`` runs it as shipped); each row says what NIXL
-moved for it, from the decode's ``/metrics``. A proxy in this process sends each
-request through them, and the same request goes to the full server. A media host on
+moved for it, from the decode's ``/metrics``. No worker runs vLLM's development mode:
+a configuration file the demo writes (printed) tells the proxy what each is. A proxy in
+this process sends each request through them, and the same request goes to the full
+server. A media host on
 127.0.0.1 serves one URL whose content changes between requests. It prints one table,
 with the columns of ``make demo-live``, and stops every process it started, by id.
 
@@ -57,6 +59,15 @@ def _row(label: str, proxy: str, full: str, request: dict[str, Any], leg: Any, d
     return [label, str(tokens), str(want), match, kv, leg()]
 
 
+def _described(*argv: str) -> list[str]:
+    """The proxy's worker flags ``argv``, the workers in a configuration file: printed."""
+    from described import described_argv, shown
+
+    described = described_argv(argv)
+    print(shown(described), flush=True)
+    return described
+
+
 def _body(parts: list[dict[str, Any]], words: str) -> dict[str, Any]:
     content = [*parts, {"type": "text", "text": words}]
     return {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 6,
@@ -99,7 +110,8 @@ def qwen_rows(work: Path) -> list[Row]:
     limits = {"image": 1, "video": 1}
     servers_ = http_fleet(model, work / "qwen-servers", scale_out=True, limits=limits, nixl=True)
     with servers_ as servers:
-        prefill, decodes = read_fleet("--prefill", servers.prefill, "--decode", servers.decode)
+        prefill, decodes = read_fleet(*_described("--prefill", servers.prefill,
+                                                  "--decode", servers.decode))  # fmt: skip
         # The media host is on 127.0.0.1, which the proxy refuses by default.
         lab = MediaLimits(allow_private_hosts=True)
         proxy = Proxy(prefill, decodes, mrope=True, media_limits=lab)
@@ -172,7 +184,8 @@ def audio_rows(work: Path) -> list[Row]:
     clips = {"A": audio_clip(1), "B": audio_clip(2)}
     rows: list[Row] = []
     with pd_fleet(model, work / "audio-servers", limits={"audio": 1}, nixl=True) as servers:
-        prefill, decodes = read_fleet("--prefill", servers.prefill, "--decode", servers.decode)
+        prefill, decodes = read_fleet(*_described("--prefill", servers.prefill,
+                                                  "--decode", servers.decode))  # fmt: skip
         # The media host is on 127.0.0.1, which the proxy refuses by default.
         lab = MediaLimits(allow_private_hosts=True)
         proxy = Proxy(prefill, decodes, mrope=False, media_limits=lab)

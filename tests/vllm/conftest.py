@@ -209,7 +209,9 @@ def qwen_http(request: pytest.FixtureRequest, fleets: Fleets, qwen2vl: TinyModel
     """The Qwen2-VL ``vllm serve`` fleet, with ``--enable-scale-out`` (the metadata path)."""
 
     def start(root: Path) -> Any:
-        return http_fleet(qwen2vl, root, scale_out=True, limits=QWEN_HTTP_LIMITS)
+        # The E/P/D module holds the proxy reading the encoder-cache roles from /server_info.
+        return http_fleet(qwen2vl, root, scale_out=True, limits=QWEN_HTTP_LIMITS,
+                          epd_dev_mode=True)  # fmt: skip
 
     fleet: HttpFleet = _shared_fleet(request, fleets, start)
     return fleet
@@ -242,7 +244,8 @@ def llava_pool(request: pytest.FixtureRequest, fleets: Fleets, llava: TinyModel)
     restartable (``pool_fleet.py``), behind the fleet proxy's tests."""
 
     def start(root: Path) -> Any:
-        return pool_fleet(llava, root)
+        # Its tests hold the proxy describing a restarted member anew from its /server_info.
+        return pool_fleet(llava, root, dev_mode=True)
 
     pool: Pool = _shared_fleet(request, fleets, start)
     return pool

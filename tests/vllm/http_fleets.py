@@ -13,7 +13,11 @@ Four workers on 127.0.0.1, stopped by process id:
   on disk by hash alone, so a stale store would answer silently.
 
 ``scale_out`` puts ``--enable-scale-out`` on the prefill and the decode too (the
-M-RoPE metadata path); the encoder and the E/P/D prefill always have it.
+M-RoPE metadata path); the encoder and the E/P/D prefill always have it. No worker runs
+vLLM's development mode but, with ``epd_dev_mode``, the encoder and the E/P/D prefill:
+their encoder-cache roles (``ec_transfer_config``) are then read from their own
+``/server_info``, which is the only place that says them (a configuration file has no key
+for it).
 """
 
 from __future__ import annotations
@@ -62,12 +66,13 @@ class HttpFleet:
 @contextmanager
 def http_fleet(
     model: TinyModel, root: Path, *, scale_out: bool, limits: dict[str, int],
-    prefill_extra: tuple[str, ...] = (), nixl: bool = False,
+    prefill_extra: tuple[str, ...] = (), nixl: bool = False, epd_dev_mode: bool = False,
 ) -> Iterator[HttpFleet]:  # fmt: skip
     """Start the four workers of ``model`` (logs, stores and transfers under ``root``);
     ``prefill_extra`` are more flags for the plain prefill. ``nixl``: the KV goes over
     vLLM's ``NixlConnector`` (both prefills are NIXL producers the decode reads), not the
-    ``TransferConnector``."""
+    ``TransferConnector``. ``epd_dev_mode``: the encoder and the E/P/D prefill describe
+    themselves."""
     root.mkdir(parents=True, exist_ok=True)
     store, transfers = root / "encoder-cache", root / "transfers"
     plain = _SCALE_OUT if scale_out else ()
@@ -79,11 +84,11 @@ def http_fleet(
                   limits=limits, extra=(*plain, *prefill_extra))  # fmt: skip
     d = kv_worker("decode", model, root, "kv_consumer", nixl=nixl, transfers=transfers,
                   language_model_only=True, extra=plain)  # fmt: skip
-    e = vllm_server("encoder", model, root, limits=limits,
+    e = vllm_server("encoder", model, root, limits=limits, dev_mode=epd_dev_mode,
                     extra=(*_SCALE_OUT, *ec(EncoderCacheRole.PRODUCER)))  # fmt: skip
     q = kv_worker(
         "epd-prefill", model, root, "kv_producer", nixl=nixl, transfers=transfers, limits=limits,
-        extra=(*_SCALE_OUT, *ec(EncoderCacheRole.CONSUMER)),
+        extra=(*_SCALE_OUT, *ec(EncoderCacheRole.CONSUMER)), dev_mode=epd_dev_mode,
     )  # fmt: skip
     with running([p, d, e, q]):
         yield HttpFleet(p.url, d.url, e.url, q.url, store, root, scale_out, nixl)

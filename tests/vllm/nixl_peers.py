@@ -74,12 +74,15 @@ def nixl_server(
     limits: dict[str, int] | None = None,
     extra: tuple[str, ...] = (),
     kv: dict[str, Any] | None = None,
+    dev_mode: bool = False,
 ) -> Server:
     """``vllm serve`` of ``model`` on ``connector`` in ``role``, not yet started; ``kv``: more
-    of its ``--kv-transfer-config``."""
+    of its ``--kv-transfer-config``; ``dev_mode``: it describes itself
+    ([`vllm_server`][http_peers.vllm_server])."""
     server = vllm_server(
         name, model, logs, language_model_only=language_model_only,
         kv_config=nixl_config(role, connector, **(kv or {})), limits=limits, extra=extra,
+        dev_mode=dev_mode,
     )  # fmt: skip
     return nixl_worker(server)
 
@@ -203,14 +206,15 @@ class NixlPairs:
     """One NIXL pair of ``model`` at a time (``get``): asking for another connector's pair
     stops the running one first, so that a module that runs pull and push holds two vLLM
     servers at once, never four. ``proxy_flags`` are the proxy's flags beyond its workers:
-    never ``--kv-mode``, which the proxy reads from the workers' ``/server_info``."""
+    never ``--kv-mode``, which the proxy reads from the workers' descriptions (their
+    ``/server_info`` when ``dev_mode``, else its configuration file)."""
 
     def __init__(
         self, model: TinyModel, root: Path, *, limits: dict[str, int],
-        extra: tuple[str, ...] = (), proxy_flags: tuple[str, ...] = (),
+        extra: tuple[str, ...] = (), proxy_flags: tuple[str, ...] = (), dev_mode: bool = False,
     ) -> None:  # fmt: skip
         self._model, self._root, self._limits = model, root, limits
-        self._extra, self._proxy_flags = extra, proxy_flags
+        self._extra, self._proxy_flags, self._dev_mode = extra, proxy_flags, dev_mode
         self._stack = contextlib.ExitStack()
         self._pair: NixlPair | None = None
         #: How many pairs were started, by connector.
@@ -223,10 +227,12 @@ class NixlPairs:
         self.close()
         logs = self._root / connector
         logs.mkdir(parents=True, exist_ok=True)
-        p = nixl_server("prefill", self._model, logs, "kv_producer", connector=connector,
-                        limits=self._limits, extra=self._extra)  # fmt: skip
-        d = nixl_server("decode", self._model, logs, "kv_consumer", connector=connector,
-                        language_model_only=True, extra=self._extra)  # fmt: skip
+        common: dict[str, Any] = {"connector": connector, "extra": self._extra,
+                                  "dev_mode": self._dev_mode}  # fmt: skip
+        p = nixl_server("prefill", self._model, logs, "kv_producer", limits=self._limits,
+                        **common)  # fmt: skip
+        d = nixl_server("decode", self._model, logs, "kv_consumer", language_model_only=True,
+                        **common)  # fmt: skip
         self._stack.enter_context(running([p, d]))
         x = proxy(logs, p.url, [d.url], *self._proxy_flags)
         self._stack.enter_context(running([x]))

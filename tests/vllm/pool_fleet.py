@@ -8,7 +8,9 @@ is stopped by process id when the block ends.
 
 With ``kv_events``, the prefills also publish their KV events and serve the render route
 as ``kv_fleet`` starts them (the proxy can then route by what each one caches), and every
-worker reports its cached prompt tokens.
+worker reports its cached prompt tokens. With ``dev_mode`` every member describes itself
+(``/server_info``), so that a member restarted as another kind is read as what it is now;
+else the proxy's configuration file describes each as it was first started.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Final
 
 import attrs
+from described import described_argv
 from http_peers import serves
 from nixl_peers import kv_worker
 from servers import START_TIMEOUT, Server, candidate_ports, running, stop_all
@@ -47,6 +50,8 @@ class Pool:
     kv_events: bool = False
     #: The KV goes over vLLM's ``NixlConnector`` (the demo), not the ``TransferConnector``.
     nixl: bool = False
+    #: Every member runs vLLM's development mode: it describes itself.
+    dev_mode: bool = False
 
     @property
     def urls(self) -> dict[str, str]:
@@ -72,6 +77,7 @@ class Pool:
         return kv_worker(
             name, self.model, self.root, role, nixl=self.nixl, transfers=self.root / "transfers",
             language_model_only=language_model_only, extra=extra, events=events, ports=ports,
+            dev_mode=self.dev_mode,
         )  # fmt: skip
 
     def kill(self, name: str) -> None:
@@ -92,13 +98,15 @@ class Pool:
 
 @contextmanager
 def pool_fleet(
-    model: TinyModel, root: Path, *, kv_events: bool = False, nixl: bool = False
-) -> Iterator[Pool]:
+    model: TinyModel, root: Path, *, kv_events: bool = False, nixl: bool = False,
+    dev_mode: bool = False,
+) -> Iterator[Pool]:  # fmt: skip
     """Start the pool of ``model`` (logs and transfers under ``root``); its prefills
     publishing their KV events when ``kv_events``; on vLLM's ``NixlConnector`` when
-    ``nixl`` (a member restarted keeps its NIXL side channel's port with its others)."""
+    ``nixl`` (a member restarted keeps its NIXL side channel's port with its others);
+    each member in vLLM's development mode when ``dev_mode``."""
     root.mkdir(parents=True, exist_ok=True)
-    pool = Pool(model, root, {}, kv_events, nixl)
+    pool = Pool(model, root, {}, kv_events, nixl, dev_mode)
     for name in ("p1", "p2", "d1", "d2"):
         pool.servers[name] = pool._server(name, language_model_only=name.startswith("d"))
     try:
@@ -112,15 +120,18 @@ def fleet_proxy(pool: Pool, *flags: str) -> Server:
     """``pd-policy-proxy`` in front of the whole pool, once it runs (its members' URLs are
     theirs then), not yet started (its URL: the server's ``url``, once started): the
     workers' key from the environment, the clients' from a file, probes every second, the
-    admin routes, to the admin key of the environment."""
+    admin routes, to the admin key of the environment; the members that do not describe
+    themselves in its configuration file."""
     keys = pool.root / "client-keys"
     keys.write_text(f"# the proxy's clients\n{CLIENT_KEY}\n")
-    argv = ["-m", "pd_policy_vllm.http.cli", "--no-mrope", "--admin",
-            "--probe-interval", "1", "--api-keys-file", str(keys), *flags]  # fmt: skip
+    workers: list[str] = []
     for name in ("p1", "p2"):
-        argv += ["--prefill", pool.urls[name]]
+        workers += ["--prefill", pool.urls[name]]
     for name in ("d1", "d2"):
-        argv += ["--decode", pool.urls[name]]
+        workers += ["--decode", pool.urls[name]]
+    argv = ["-m", "pd_policy_vllm.http.cli", "--no-mrope", "--admin",
+            "--probe-interval", "1", "--api-keys-file", str(keys), *flags,
+            *described_argv(workers)]  # fmt: skip
     env = {"PD_POLICY_WORKER_API_KEY": WORKER_KEY, "PD_POLICY_ADMIN_API_KEYS": ADMIN_KEY}
 
     def command(ports: tuple[int, ...]) -> list[str]:

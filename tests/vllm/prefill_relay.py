@@ -16,10 +16,11 @@ import asyncio
 import json
 import os
 import signal
-from typing import Any, Final
+from typing import Any, Final, Self
 
 import aiohttp
 from aiohttp import web
+from described import stand_in
 from http_peers import ThreadedSite
 from servers import Server
 
@@ -53,6 +54,11 @@ class PrefillRelay(ThreadedSite):
         self._session: aiohttp.ClientSession | None = None
         self._answered = 0
         self._killed: asyncio.Event | None = None
+
+    def __enter__(self) -> Self:
+        super().__enter__()
+        stand_in(self.url, self.prefill)  # a proxy in front of the relay reads the prefill's
+        return self
 
     def arm_kill(self, after: int) -> None:
         """Kill the prefill once ``after`` more prefill legs have been answered."""

@@ -24,9 +24,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
+
+if TYPE_CHECKING:
+    from described import Description
 
 __all__ = [
     "ENGINE_ARGS", "REBINDS", "Server", "candidate_ports", "running", "start_all", "stop_all",
@@ -106,7 +109,8 @@ class Server:
     (``PORT_TAKEN``) is started again on ``candidate_ports``, at most ``REBINDS`` times,
     unless its ports are ``fixed`` (a member restarted where its peers know it).
     ``port_env`` gives more of its environment from its ports at each start (a port it
-    reads from its environment, as vLLM's NIXL side channel).
+    reads from its environment, as vLLM's NIXL side channel). ``description``: what a
+    worker was started with ([`described`][]).
     """
 
     name: str
@@ -117,6 +121,9 @@ class Server:
     ports: tuple[int, ...] = ()
     fixed: bool = False
     port_env: Callable[[tuple[int, ...]], dict[str, str]] | None = None
+    #: What a ``vllm serve`` worker was started with, for the proxy's configuration file
+    #: (``None``: not described, as a worker in development mode describes itself).
+    description: Description | None = None
     process: subprocess.Popen[bytes] | None = None
     #: How many times it was started again on other ports.
     rebound: int = 0

@@ -23,7 +23,7 @@ from http_peers import InProcessProxy, data_url, http_json
 from llava_prompts import TEXT
 from nixl_peers import Transfer, nixl_config, nixl_server
 from router_side import image
-from servers import Server, running
+from servers import running
 from tiny_models import TinyModel
 
 from pd_policy import Support
@@ -31,19 +31,14 @@ from pd_policy_vllm.http.cli import configuration, read_fleet
 from pd_policy_vllm.http.proxy import Proxy
 
 
-def _no_dev_mode(server: Server) -> Server:
-    # What the fleet runs in production: /server_info and vLLM's other dev routes off.
-    server.env.pop("VLLM_SERVER_DEV_MODE", None)
-    return server
-
-
 @pytest.fixture(scope="module")
 def workers(llava: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     tuple[str, str]
 ]:  # fmt: skip
     logs = tmp_path_factory.mktemp("config-live")
-    p = _no_dev_mode(nixl_server("prefill", llava, logs, "kv_producer", limits={"image": 1}))
-    d = _no_dev_mode(nixl_server("decode", llava, logs, "kv_consumer", language_model_only=True))
+    # As every worker of these tests runs (no development mode); this file is the test's own.
+    p = nixl_server("prefill", llava, logs, "kv_producer", limits={"image": 1})
+    d = nixl_server("decode", llava, logs, "kv_consumer", language_model_only=True)
     with running([p, d]):
         yield p.url, d.url
 

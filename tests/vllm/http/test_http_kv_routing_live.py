@@ -37,7 +37,7 @@ from typing import Any, Final
 import attrs
 import pytest
 from fleets import Fleets
-from http_peers import InProcessProxy, data_url, http_json
+from http_peers import InProcessProxy, data_url, fleet_args, http_json
 from kv_fleet import PREFILLS, KvFleet, hash_seed, kv_fleet
 from live_engines import BLOCK_SIZE
 from llava_prompts import TEXT
@@ -50,7 +50,6 @@ from vllm.v1.core import kv_cache_utils
 from vllm.v1.request import Request
 
 from pd_policy_vllm.http.cli import read_fleet
-from pd_policy_vllm.http.flags import parser
 from pd_policy_vllm.http.fleet.kv_routing import KvRouting, Lookup
 from pd_policy_vllm.http.fleet.members import Fleet, member_name
 from pd_policy_vllm.http.fleet.routing import HttpPlacer
@@ -127,7 +126,8 @@ def kv_http(request: pytest.FixtureRequest, fleets: Fleets, llava: TinyModel) ->
 @pytest.fixture(scope="module")
 def routed(kv_http: KvFleet, llava: TinyModel) -> Iterator[Routed]:
     argv = [f"--prefill={kv_http.prefills[p]}" for p in PREFILLS]
-    args = parser().parse_args([*argv, "--decode", kv_http.decode, "--no-mrope", "--kv-routing"])
+    # Their KV events and block size as the configuration file describes the workers.
+    args = fleet_args(*argv, "--decode", kv_http.decode, "--no-mrope", "--kv-routing")
     members = asyncio.run(read_fleet(args))
     assert all(m.worker.kv_events is not None and m.worker.renders for m in members.of("prefill"))
     kv = RecordingKvRouting(seed=hash_seed())

@@ -4,8 +4,10 @@ The LLaVA fleet's vLLM servers (``llava_http``: started once on 127.0.0.1 for th
 LLaVA modules, stopped by process id): a full-vision prefill (KV producer), which
 also answers the baseline as a plain chat request, and a ``--language-model-only``
 decode (KV consumer) of the tiny LLaVA on the ``TransferConnector``, neither with
-``--enable-scale-out``. The proxy runs as ``pd-policy-proxy`` (a process), and,
-where a test reads the legs it sends, in this process with a recording trace.
+``--enable-scale-out``. Neither runs vLLM's development mode: the proxy reads them from
+the configuration file that describes them as they were started. The proxy runs as
+``pd-policy-proxy`` (a process), and, where a test reads the legs it sends, in this
+process with a recording trace.
 """
 
 from __future__ import annotations
@@ -20,15 +22,23 @@ import attrs
 import openai
 import pytest
 from http_fleets import HttpFleet
-from http_peers import InProcessProxy, data_url, http_json, proxy, running_requests, wait_idle
+from http_peers import (
+    InProcessProxy,
+    data_url,
+    fleet_args,
+    http_json,
+    proxy,
+    read_fleet,
+    running_requests,
+    wait_idle,
+)
 from llava_prompts import TEXT
 from router_side import image
 from servers import running
 
 from pd_policy import KvConnectorMode, PrefillKv
-from pd_policy_vllm.http import HttpWorker, capability_from_config, prefill_kv_from_config
-from pd_policy_vllm.http.cli import read_workers
-from pd_policy_vllm.http.flags import parser
+from pd_policy_vllm.http import HttpWorker
+from pd_policy_vllm.http.cli import read_fleet as read_members
 from pd_policy_vllm.http.proxy import Proxy
 
 
@@ -42,21 +52,15 @@ class Fleet:
     prefill_worker: HttpWorker
 
 
-def server_info(url: str) -> dict[str, Any]:
-    status, info = http_json(f"{url}/server_info?config_format=json")
-    assert status == 200
-    config: dict[str, Any] = info["vllm_config"]
-    return config
-
-
 @pytest.fixture(scope="module")
 def fleet(llava_http: HttpFleet) -> Iterator[Fleet]:
     p_url, d_url = llava_http.prefill, llava_http.decode
     x = proxy(llava_http.logs, p_url, [d_url], "--no-mrope")
     with running([x]):
-        decode_worker = HttpWorker(d_url, capability_from_config(server_info(d_url)))
-        prefill_worker = HttpWorker(p_url, kv=prefill_kv_from_config(server_info(p_url), p_url))
-        yield Fleet(p_url, d_url, llava_http.baseline, x.url, decode_worker, prefill_worker)
+        # Each worker as the proxy reads it, before its decode is fitted to its prefill.
+        members = asyncio.run(read_members(fleet_args("--prefill", p_url, "--decode", d_url)))
+        (decode,), (prefill,) = members.of("decode"), members.of("prefill")
+        yield Fleet(p_url, d_url, llava_http.baseline, x.url, decode.worker, prefill.worker)
 
 
 def messages(seed: int | None, variant: str) -> list[dict[str, Any]]:
@@ -93,14 +97,13 @@ def chat(url: str, seed: int | None, variant: str, *, stream: bool = False) -> l
     return tokens
 
 
-def test_the_proxy_reads_each_worker_from_its_server(fleet: Fleet) -> None:
+def test_the_proxy_reads_each_worker_from_its_description(fleet: Fleet) -> None:
     assert fleet.decode_worker.capability.language_model_only
     assert fleet.decode_worker.capability.takes_mm_metadata  # a KV consumer: 0.32 allows it
     assert fleet.prefill_worker.kv.mode is KvConnectorMode.TRANSFER  # the TransferConnector
     # As the proxy reads them at start-up: without --enable-scale-out there is no
     # metadata path, so the decode worker is served as plainly language-model-only.
-    args = parser().parse_args(["--prefill", fleet.prefill, "--decode", fleet.decode])
-    prefill, (decode,) = asyncio.run(read_workers(args))
+    prefill, (decode,) = read_fleet("--prefill", fleet.prefill, "--decode", fleet.decode)
     assert not prefill.renders and not decode.renders
     assert decode.capability.language_model_only and not decode.capability.takes_mm_metadata
     assert prefill.kv == fleet.prefill_worker.kv

@@ -7,7 +7,8 @@ once for this module on 127.0.0.1 and stopped by process id): a full-vision pref
 on ``NixlConnector`` (pull: the decode reads the prefill's blocks), then on
 ``NixlPushConnector`` (the prefill writes them to the decode). ``pd-policy-proxy`` runs in
 front of each pair without ``--kv-mode``: it reads the connector from the workers'
-``/server_info``.
+``/server_info``, which they serve in vLLM's development mode (this module's workers
+alone of the NIXL ones: the others are described by the proxy's configuration file).
 
 A transfer is proven by the decode's own NIXL metrics (transfers completed, bytes moved,
 none failed), read before and after each request; never by ``cached_tokens``, which only
@@ -51,7 +52,8 @@ PUSH: Final = "NixlPushConnector"
 def pairs(llava: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NixlPairs]:
     root = tmp_path_factory.mktemp("nixl")
     with contextlib.closing(
-        NixlPairs(llava, root, limits={"image": 1}, proxy_flags=("--no-mrope",))
+        # Development mode: the tests hold the proxy reading NIXL from each /server_info.
+        NixlPairs(llava, root, limits={"image": 1}, proxy_flags=("--no-mrope",), dev_mode=True)
     ) as running:
         yield running
     assert set(running.starts.values()) == {1}  # the tests of a connector ran together

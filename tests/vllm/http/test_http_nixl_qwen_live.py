@@ -6,7 +6,8 @@ module on 127.0.0.1 and stopped by process id: a full-vision prefill (``kv_produ
 also answers as a full server when sent a plain request, and a ``--language-model-only``
 decode (``kv_consumer``) that takes the media's metadata. The proxy renders on the prefill,
 prefills through ``/inference/v1/generate``, decodes there with each item's grid and no
-pixels, and derenders; it reads NIXL and the metadata path from the workers' servers.
+pixels, and derenders; it reads NIXL and the metadata path from the configuration file that
+describes the workers (neither runs vLLM's development mode) and the routes they serve.
 
 Each transfer is proven by the decode's NIXL metrics.
 """
@@ -43,7 +44,7 @@ def pair(qwen2vl: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def recording(pair: NixlPair) -> Iterator[InProcessProxy]:
     """The proxy in this process, as it reads the workers, recording the legs it sends."""
     prefill, (decode,) = read_fleet("--prefill", pair.prefill, "--decode", pair.decode)
-    assert prefill.kv.mode is KvConnectorMode.NIXL  # from /server_info, no --kv-mode
+    assert prefill.kv.mode is KvConnectorMode.NIXL  # its kv_transfer_config, no --kv-mode
     assert prefill.renders and decode.capability.takes_mm_metadata  # the metadata path
     with InProcessProxy(Proxy(prefill, [decode], mrope=True)) as live:
         yield live

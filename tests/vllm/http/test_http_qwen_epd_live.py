@@ -17,12 +17,11 @@ from typing import Any
 import pytest
 from epd_peers import EncoderStandIn, EpdFleet, answer, chat_body, epd_fleet
 from http_fleets import HttpFleet
-from http_peers import InProcessProxy, http_json
+from http_peers import InProcessProxy, fleet_args, http_json
 from qwen_prompts import _WORDS, A, B
 
 from pd_policy import EncoderCacheRole
 from pd_policy_vllm.http.cli import read_encoder, read_workers
-from pd_policy_vllm.http.flags import parser
 from pd_policy_vllm.openai.plan.scale_out import GENERATE, RENDER
 
 IMAGES = {"A": A, "B": B}
@@ -40,9 +39,10 @@ def body(name: str, variant: str) -> dict[str, Any]:
 
 
 def test_the_proxy_reads_every_role_from_the_servers(fleet: EpdFleet) -> None:
-    args = parser().parse_args(
-        ["--prefill", fleet.prefill, "--decode", fleet.decode, "--encode", fleet.encoder]
-    )
+    # The encoder and the prefill run vLLM's development mode (conftest's qwen_http): their
+    # encoder-cache roles are read from /server_info; the decode, from its description.
+    args = fleet_args("--prefill", fleet.prefill, "--decode", fleet.decode,
+                      "--encode", fleet.encoder)  # fmt: skip
     prefill, (decode,) = asyncio.run(read_workers(args))
     encoder = asyncio.run(read_encoder(args, prefill))
     assert encoder is not None and encoder.capability.encoder_cache is EncoderCacheRole.PRODUCER

@@ -11,7 +11,6 @@ and derenders for the client.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -21,14 +20,20 @@ import attrs
 import openai
 import pytest
 from http_fleets import HttpFleet
-from http_peers import InProcessProxy, data_url, http_json, proxy, running_requests, wait_idle
+from http_peers import (
+    InProcessProxy,
+    data_url,
+    http_json,
+    proxy,
+    read_fleet,
+    running_requests,
+    wait_idle,
+)
 from qwen_prompts import _WORDS, A, B
 from servers import running
 
 from pd_policy import KvConnectorMode, PrefillKv, Support, WorkerCapability
 from pd_policy_vllm.http import HttpWorker
-from pd_policy_vllm.http.cli import read_workers
-from pd_policy_vllm.http.flags import parser
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.openai.plan.scale_out import DERENDER, GENERATE, RENDER
 
@@ -99,9 +104,9 @@ def chat(url: str, name: str, variant: str, *, stream: bool = False) -> list[int
     return tokens
 
 
-def test_the_proxy_learns_the_metadata_path_from_the_servers(qwen_fleet: QwenFleet) -> None:
-    args = parser().parse_args(["--prefill", qwen_fleet.prefill, "--decode", qwen_fleet.decode])
-    prefill, (decode,) = asyncio.run(read_workers(args))
+def test_the_proxy_learns_the_metadata_path_from_the_workers(qwen_fleet: QwenFleet) -> None:
+    # The routes from the servers; the decode's capability from its description.
+    prefill, (decode,) = read_fleet("--prefill", qwen_fleet.prefill, "--decode", qwen_fleet.decode)
     assert prefill.renders and decode.renders
     assert decode.capability.language_model_only and decode.capability.takes_mm_metadata
 
