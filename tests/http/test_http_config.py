@@ -248,6 +248,11 @@ def test_workers_come_from_the_file_alone(tmp_path: Path) -> None:
             '[[workers]]\nurl = "http://d"\nrole = "decode"\n' * 2,
             "worker http://d: role: decode given twice",
         ),
+        (
+            '[[workers]]\nurl = "http://e"\nrole = "encode"\n'
+            'ec_transfer_config = { ec_role = "producer" }\n',
+            "worker http://e: ec_transfer_config: its ec_role is one of ec_producer",
+        ),
         ("workers = 3\n", "workers: an array of tables"),
         ("port = \n", "not TOML: "),
         ("", "no prefill worker: --prefill URL, $PD_POLICY_PREFILL or a [[workers]] table"),

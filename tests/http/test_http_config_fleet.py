@@ -15,9 +15,9 @@ import pytest
 from fleet_stands import Stand, serving
 from test_http_fleet import chat, post
 
-from pd_policy import InvalidConfiguration, KvConnectorMode, Support
+from pd_policy import EncoderCacheRole, InvalidConfiguration, KvConnectorMode, Support
 from pd_policy_vllm.http.cli import configuration, probe_of, read_fleet
-from pd_policy_vllm.http.fleet.describe import describe
+from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.proxy import Proxy
 
@@ -169,3 +169,36 @@ def test_a_worker_the_file_describes_is_described_so_again_when_it_comes_back(
                     await describe(session, p, "prefill", probe.says)  # the flags alone
 
     asyncio.run(main())
+
+
+def test_the_file_states_an_e_p_d_workers_encoder_cache_role(tmp_path: Path) -> None:
+    # What /server_info's ec_transfer_config says in development mode, the file says: an
+    # encoder that produces the cache, a prefill that consumes it (and one that does not,
+    # which the E/P/D check then refuses).
+    stands = [Stand(name, lm_only=False, describes=False) for name in ("e", "p", "q")]
+
+    async def main() -> list[EncoderCacheRole]:
+        async with contextlib.AsyncExitStack() as stack:
+            urls = [await stack.enter_async_context(serving(s.app())) for s in stands]
+            path = tmp_path / "proxy.toml"
+            ec = 'ec_connector = "ECExampleConnector"'
+            path.write_text(
+                f"mrope = false\n"
+                f'[[workers]]\nurl = "{urls[0]}"\nrole = "encode"\n'
+                f'ec_transfer_config = {{ ec_role = "ec_producer", {ec} }}\n'
+                f'[[workers]]\nurl = "{urls[1]}"\nrole = "prefill"\nkv_mode = "nixl"\n'
+                f'ec_transfer_config = {{ ec_role = "ec_consumer", {ec} }}\n'
+                f'[[workers]]\nurl = "{urls[2]}"\nrole = "prefill"\nkv_mode = "nixl"\n'
+                f'[[workers]]\nurl = "{urls[1]}"\nrole = "decode"\n'
+            )
+            args, _ = configuration(["--config", str(path)], {})
+            async with aiohttp.ClientSession() as session:
+                return [
+                    (
+                        await describe(session, e.url, e.role, e.says(OperatorSays()))
+                    ).capability.encoder_cache
+                    for e in args.workers[:3]
+                ]
+
+    roles = asyncio.run(main())
+    assert roles == [EncoderCacheRole.PRODUCER, EncoderCacheRole.CONSUMER, EncoderCacheRole.UNKNOWN]

@@ -48,6 +48,7 @@ KEYS: Final = {
     "capability": "vision, lm-only or lm-only+metadata: what it may be sent",
     "kv_transfer_config": "its --kv-transfer-config (a table)",
     "kv_mode": "its handoff contract, when its connector does not say",
+    "ec_transfer_config": "its --ec-transfer-config (a table), for E/P/D: its encoder-cache role",
     "bootstrap_port": "its Mooncake bootstrap port",
     "kv_events_config": "its --kv-events-config (a table), for KV routing",
     "block_size": "its --block-size, for KV routing",
@@ -55,6 +56,8 @@ KEYS: Final = {
     "allowed_media_domains": "its --allowed-media-domains (a list; empty: any host)",
     "labels": "names for the operator's own use (a table of strings)",
 }
+
+_EC_ROLES: Final = ("ec_producer", "ec_consumer", "ec_both")
 
 #: The names a capability is written as, in the file and in ``--decode-capability``.
 CAPABILITY_NAMES: Final = tuple(CAPABILITIES)
@@ -68,6 +71,7 @@ class WorkerEntry:
     role: str
     capability: str | None = None
     kv_transfer_config: Mapping[str, Any] | None = None
+    ec_transfer_config: Mapping[str, Any] | None = None
     kv_mode: KvConnectorMode | None = None
     bootstrap_port: int | None = None
     kv_events_config: Mapping[str, Any] | None = None
@@ -78,7 +82,7 @@ class WorkerEntry:
 
     def vllm_config(self) -> dict[str, Any]:
         """What of a ``vllm_config`` the entry states: the sections the proxy reads a
-        prefill's KV connector and KV events from."""
+        prefill's KV connector and KV events from, and a worker's encoder-cache role."""
         cache: dict[str, Any] = {}
         if self.block_size is not None:
             cache["block_size"] = self.block_size
@@ -86,6 +90,7 @@ class WorkerEntry:
             cache["prefix_caching_hash_algo"] = self.prefix_caching_hash_algo
         return {
             "kv_transfer_config": dict(self.kv_transfer_config or {}),
+            "ec_transfer_config": dict(self.ec_transfer_config or {}),
             "kv_events_config": dict(self.kv_events_config or {}),
             "cache_config": cache,
         }
@@ -154,6 +159,9 @@ def entry_of(index: int, table: Any, path: str) -> WorkerEntry:
     labels = _typed(where, table, "labels", dict) or {}
     if not all(isinstance(v, str) for v in labels.values()):
         raise _fail(where, "labels", "a table of strings")
+    ec = _typed(where, table, "ec_transfer_config", dict)
+    if ec is not None and ec.get("ec_role") not in _EC_ROLES:
+        raise _fail(where, "ec_transfer_config", "its ec_role is one of " + ", ".join(_EC_ROLES))
     port = _typed(where, table, "bootstrap_port", int)
     block = _typed(where, table, "block_size", int)
     for key, number in (("bootstrap_port", port), ("block_size", block)):
@@ -164,6 +172,7 @@ def entry_of(index: int, table: Any, path: str) -> WorkerEntry:
         role=role,
         capability=capability,
         kv_transfer_config=_typed(where, table, "kv_transfer_config", dict),
+        ec_transfer_config=ec,
         kv_mode=kv_mode,
         bootstrap_port=port,
         kv_events_config=_typed(where, table, "kv_events_config", dict),

@@ -22,6 +22,7 @@ from typing import Any, Final
 import attrs
 
 from pd_policy import (
+    EncoderCacheRole,
     InvalidConfiguration,
     KvConnectorMode,
     MediaFetchRules,
@@ -160,6 +161,14 @@ async def describe(
             )
             stated = UNDESCRIBED_DECODE
         capability = stated if stated is not None else WorkerCapability()
+        ec = (says.stated or {}).get("ec_transfer_config")
+        if isinstance(ec, Mapping) and ec:  # the file states its E/P/D role
+            ec_role, connector = ec.get("ec_role"), ec.get("ec_connector")
+            encoder_cache = EncoderCacheRole.from_vllm(
+                ec_role if isinstance(ec_role, str) else None,
+                connector if isinstance(connector, str) else None,
+            )
+            capability = attrs.evolve(capability, encoder_cache=encoder_cache)
         if role == "decode" and says.decode_kv is not None:
             capability = attrs.evolve(capability, decode_kv=says.decode_kv)
         media = WorkerMedia()
