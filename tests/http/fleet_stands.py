@@ -91,7 +91,9 @@ class Stand:
         body = await request.json()
         self.calls.append({"body": body, "authorization": request.headers.get("Authorization"),
                            "path": request.path,
-                           "request_id": request.headers.get("X-Request-Id")})  # fmt: skip
+                           "request_id": request.headers.get("X-Request-Id"),
+                           "traceparent": request.headers.get("traceparent"),
+                           "tracestate": request.headers.get("tracestate")})  # fmt: skip
         if self.fail_next:
             return web.json_response({"error": {"message": "busy"}}, status=self.fail_next.pop(0))
         self.in_flight += 1

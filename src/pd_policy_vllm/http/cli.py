@@ -61,6 +61,8 @@ from pd_policy_vllm.http.log_format import configure as configure_logging
 from pd_policy_vllm.http.media.fetch import RemoteMedia
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.http.serving import processes, serve
+from pd_policy_vllm.http.tracing import check as check_tracing
+from pd_policy_vllm.http.tracing import otlp_tracing
 from pd_policy_vllm.openai.workers import HttpWorker
 
 __all__ = [
@@ -270,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         kv_routing(args)  # its flags refused here, before any worker is called
+        check_tracing(args.otlp_traces_endpoint)
         fleet, keys, remote, hosts = _configured(args)
     except (InvalidConfiguration, aiohttp.ClientError) as exc:
         print(f"pd-policy-proxy: {exc}", file=sys.stderr)
@@ -296,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             kv_routing=kv_routing(args),
             render_once=args.render_once,
             discovery=discovery_of(args),
+            # Made in each process (its exporter's thread does not survive a fork).
+            tracing=otlp_tracing(args.otlp_traces_endpoint, args.otlp_traces_sample_ratio),
         )
 
     if args.processes > 1:

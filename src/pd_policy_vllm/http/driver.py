@@ -27,6 +27,7 @@ from pd_policy.exchange.events import (
     DeadlinePassed,
     Finish,
     FirstByte,
+    LegFailed,
     Plan,
     Send,
 )
@@ -42,10 +43,40 @@ from pd_policy_vllm.http.front_door import Incoming
 from pd_policy_vllm.http.planning import Planning
 from pd_policy_vllm.http.request_log import log_request
 from pd_policy_vllm.http.send import send
+from pd_policy_vllm.http.tracing import OFF, UNTRACED, Traced, Tracing
 from pd_policy_vllm.http.upstream import Upstream
 from pd_policy_vllm.openai.workers import HttpWorker
 
 __all__ = ["Driver"]
+
+
+def _failed(event: object) -> str | None:
+    return event.error.code if isinstance(event, LegFailed) else None
+
+
+def _trace(traced: Traced, attempt: Attempt, finish: Finish, attempts: int) -> None:
+    # What an operator filters a request's span on.
+    placement, lookup = attempt.placement, attempt.lookup
+    prefill = placement.prefill.name if placement is not None else None
+    encoder = placement.encoder if placement is not None else None
+    predicted = lookup.cached.get(prefill, 0) if lookup is not None and prefill else None
+    relay = attempt.relay
+    error = finish.error.code if finish.error is not None else None
+    traced.set(
+        {
+            "pd_policy.request_id": attempt.incoming.request_id,
+            "pd_policy.form": attempt.form,
+            "pd_policy.prefill": prefill,
+            "pd_policy.decode": placement.decode.name if placement is not None else None,
+            "pd_policy.encoder": encoder.name if encoder is not None else None,
+            "pd_policy.attempts": attempts,
+            "pd_policy.kv_blocks_predicted": predicted,
+            "pd_policy.bytes_sent": relay.sent if relay is not None and relay.sent else None,
+            "pd_policy.outcome": finish.outcome,
+            "http.response.status_code": finish.status,
+        },
+        error,
+    )
 
 
 class Driver:
@@ -54,7 +85,7 @@ class Driver:
     budget and ``deadline`` the seconds a whole request may take (``None``: no limit);
     ``metrics`` and, when ``log``, the request log record each end. ``kv`` looks each
     request up in the prefills' KV caches before it is placed (``None``: no KV-event
-    routing).
+    routing). ``tracing``: each leg a span ([`tracing`][pd_policy_vllm.http.tracing]).
     [`run`][pd_policy_vllm.http.driver.Driver.run] answers one client."""
 
     def __init__(
@@ -69,20 +100,26 @@ class Driver:
         deadline: float | None,
         log: bool,
         kv: KvRouting | None = None,
+        tracing: Tracing = OFF,
     ) -> None:
         self.fleet, self.planning, self.upstream, self.metrics = fleet, planning, upstream, metrics
-        self.kv = kv
+        self.kv, self.tracing = kv, tracing
         self.attempts, self.deadline, self.log = attempts, deadline, log
         # Every leg's headers but its request's id (leg_headers, made once).
         self.headers = leg_headers("", headers)
 
     async def run(
-        self, request: web.Request, incoming: Incoming, arrived: float
+        self,
+        request: web.Request,
+        incoming: Incoming,
+        arrived: float,
+        traced: Traced = UNTRACED,
     ) -> web.StreamResponse:
         """Serve ``incoming``, admitted from the client ``request`` that arrived at
         ``arrived`` (``time.monotonic``): the decode's answer, or the error the exchange
-        finished with. Re-raises the cancellation of a client that left."""
-        fleet, upstream = self.fleet, self.upstream
+        finished with; each leg traced as a child of ``traced``, the request's span. Re-raises
+        the cancellation of a client that left."""
+        fleet, upstream, tracing = self.fleet, self.upstream, self.tracing
         headers = {**self.headers, REQUEST_ID_HEADER: incoming.request_id}
         placer = HttpPlacer(
             fleet,
@@ -107,9 +144,16 @@ class Driver:
                     if isinstance(action, Plan):
                         event = await self.planning.planned(attempt, action)
                     elif isinstance(action, Send):
-                        event = await send(attempt, action, upstream, headers)
+                        name = action.member.name
+                        with tracing.leg(traced, action.leg.value, name, headers) as (sent, span):
+                            event = await send(attempt, action, upstream, sent)
+                            tracing.ended(span, _failed(event), {})
                     else:
-                        event = await relay(attempt, action, upstream, headers, first_byte)
+                        name = action.member.name
+                        with tracing.leg(traced, "decode", name, headers) as (sent, span):
+                            event = await relay(attempt, action, upstream, sent, first_byte)
+                            decoded = attempt.relay.sent if attempt.relay is not None else None
+                            tracing.ended(span, _failed(event), {"pd_policy.bytes_sent": decoded})
                     action = settle(fleet, exchange.handle(event))
         except asyncio.CancelledError:
             if exchange.finish is None:
@@ -125,6 +169,7 @@ class Driver:
                 await attempt.relay.end(action.error)
         assert isinstance(action, Finish)
         self._record(attempt, action, exchange.attempt)
+        _trace(traced, attempt, action, exchange.attempt)
         if action.error is None or action.late:
             assert attempt.relay is not None and attempt.relay.response is not None
             return attempt.relay.response

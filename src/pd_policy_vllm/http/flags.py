@@ -14,7 +14,7 @@ from typing import Final
 
 from pd_policy import Balance, ClientUuids, InvalidConfiguration, KvConnectorMode, __version__
 from pd_policy.wires import decode_kv_from_config
-from pd_policy_vllm.http.config.values import bind_host, json_object, seconds
+from pd_policy_vllm.http.config.values import bind_host, json_object, ratio, seconds
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts, allowed_hosts
 from pd_policy_vllm.http.fleet.describe import CAPABILITIES, OperatorSays
 from pd_policy_vllm.http.fleet.kv_routing import KvRouting
@@ -54,6 +54,7 @@ GROUPS: Final = (
     "keys and admin",
     "limits on clients",
     "limits on workers",
+    "logs, metrics and traces",
 )
 
 
@@ -84,15 +85,29 @@ def parser() -> argparse.ArgumentParser:
         "one that changed is read again, as on SIGHUP (5; 0: on SIGHUP only)",
     )
     add(
+        "--print-config",
+        action="store_true",
+        help="print the effective configuration, secrets hidden, and exit",
+    )
+    add = group["logs, metrics and traces"].add_argument
+    add(
         "--log-format",
         choices=FORMATS,
         default="text",
         help="log lines as text or as one JSON object each, with ISO-8601 timestamps (text)",
     )
     add(
-        "--print-config",
-        action="store_true",
-        help="print the effective configuration, secrets hidden, and exit",
+        "--otlp-traces-endpoint",
+        metavar="URL",
+        help="the OTLP collector the proxy's spans go to, as vLLM's flag (off); each leg "
+        "carries its span's traceparent, so a traced vllm serve joins the trace",
+    )
+    add(
+        "--otlp-traces-sample-ratio",
+        type=ratio,
+        default=1.0,
+        help="the share of the traces the proxy starts that are sampled (1; a client's "
+        "traceparent decides its own)",
     )
     add = group["workers"].add_argument
     add("--prefill", action="append", default=[], help="a prefill worker's URL (repeat)")

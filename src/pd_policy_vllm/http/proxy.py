@@ -20,6 +20,7 @@ disconnects cancels every leg.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
@@ -52,6 +53,7 @@ from pd_policy_vllm.http.planning import Planning
 from pd_policy_vllm.http.redact import Redactor
 from pd_policy_vllm.http.request_log import log_request
 from pd_policy_vllm.http.siblings import Siblings
+from pd_policy_vllm.http.tracing import OFF, Traced, Tracing
 from pd_policy_vllm.http.upstream import DEFAULT_LIMITS, Limits, Observer
 from pd_policy_vllm.openai.plan.request import Route
 from pd_policy_vllm.openai.plan.responses import RESPONSES
@@ -96,7 +98,9 @@ class Proxy:
     token-in from that render where the plan allows
     ([`render_once`][pd_policy_vllm.openai.plan.render_once]), instead of having the
     prefill render it again. ``discovery``: names followed in DNS for more workers
-    ([`discovery`][pd_policy_vllm.http.fleet.discovery]; ``None``: none).
+    ([`discovery`][pd_policy_vllm.http.fleet.discovery]; ``None``: none). ``tracing``:
+    where each request's and each leg's spans go
+    ([`tracing`][pd_policy_vllm.http.tracing]; off by default).
 
     Raises ``ValueError`` without a fleet or a pair, for ``admin`` with no admin key, and
     for ``RemoteMedia.FETCH`` with a prefill whose media rules are unknown (the proxy
@@ -128,6 +132,7 @@ class Proxy:
         kv_routing: KvRouting | None = None,
         render_once: bool = True,
         discovery: Discovery | None = None,
+        tracing: Tracing = OFF,
     ) -> None:
         # The latency buckets reach past the longest a request or a leg may take.
         self.metrics = Metrics(max(limits.read_timeout, request_timeout or 0.0))
@@ -157,7 +162,7 @@ class Proxy:
             raise ValueError("request_timeout must be positive")
         self.request_timeout = request_timeout
         self.kv_routing, self.render_once = kv_routing, render_once
-        self.discovery = discovery
+        self.discovery, self.tracing = discovery, tracing
         #: The names followed while serving (a reload gives it new ones); ``None`` else.
         self.following: Following | None = None
         #: The other processes of ``--processes N``, whose metrics ``/metrics`` merges.
@@ -183,6 +188,7 @@ class Proxy:
             add_admin_routes(app, admin)
         app.cleanup_ctx.append(self._session)
         app.on_shutdown.append(self._drain)
+        app.on_cleanup.append(self._flush_traces)
         return app
 
     async def _session(self, app: web.Application) -> Any:
@@ -215,6 +221,7 @@ class Proxy:
                 deadline=self.request_timeout,
                 log=self.log_requests,
                 kv=self.kv_routing,
+                tracing=self.tracing,
             )
             probes = (
                 contextlib.nullcontext()
@@ -234,6 +241,10 @@ class Proxy:
                     yield
             finally:
                 self.following = None
+
+    async def _flush_traces(self, app: web.Application) -> None:
+        # The spans of the last requests go out before the process does.
+        await asyncio.to_thread(self.tracing.shutdown)
 
     async def _drain(self, app: web.Application) -> None:
         # Shutting down without SIGTERM's pre-stop (a test's runner, say): not ready.
@@ -294,13 +305,19 @@ class Proxy:
         ids = REQUEST_ID.set(request_id)
         trace = TRACE_ID.set(trace_id_of(request.headers.get("traceparent")))
         try:
-            return await self._serve(request, route, served_as, request_id)
+            with self.tracing.request(request.headers, served_as or route.value) as traced:
+                return await self._serve(request, route, served_as, request_id, traced)
         finally:
             TRACE_ID.reset(trace)
             REQUEST_ID.reset(ids)
 
     async def _serve(
-        self, request: web.Request, route: Route, served_as: str | None, request_id: str
+        self,
+        request: web.Request,
+        route: Route,
+        served_as: str | None,
+        request_id: str,
+        traced: Traced,
     ) -> web.StreamResponse:
         arrived = time.monotonic()
         client_id = request.headers.get(REQUEST_ID_HEADER)
@@ -322,13 +339,14 @@ class Proxy:
         except PolicyError as exc:
             # Refused at the door, before any plan: logged, timed, not counted by form.
             self.metrics.observe_duration(served_as or route.value, time.monotonic() - arrived)
+            traced.set({"http.response.status_code": exc.status}, exc.code)
             if self.log_requests:
                 path = served_as or route.value
                 log_request(
                     request_id, path, None, None, exc.status, exc.code, 1, arrived, client_id
                 )
             return await refusal(request, exc, {REQUEST_ID_HEADER: echo})
-        response = await request.app[_DRIVER].run(request, incoming, arrived)
+        response = await request.app[_DRIVER].run(request, incoming, arrived, traced)
         if not response.prepared:  # a stream's went out with its head (DecodeRelay)
             response.headers[REQUEST_ID_HEADER] = echo
         return response

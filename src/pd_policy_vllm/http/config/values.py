@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-__all__ = ["bind_host", "json_object", "seconds"]
+__all__ = ["bind_host", "json_object", "ratio", "seconds"]
 
 
 def bind_host(value: str) -> str:
@@ -21,6 +21,14 @@ def seconds(text: str) -> float:
     value = float(text)
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
+    return value
+
+
+def ratio(text: str) -> float:
+    """A share, from 0 to 1."""
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, not {text}")
     return value
 
 
