@@ -18,17 +18,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from pd_policy.exchange import Exchange, settle
 from pd_policy.exchange.events import (
     Begin,
     ClientLeft,
     DeadlinePassed,
+    Event,
     Finish,
     FirstByte,
     LegFailed,
     Plan,
+    Relay,
     Send,
 )
 from pd_policy_vllm.http.aio import web
@@ -119,8 +121,12 @@ class Driver:
         ``arrived`` (``time.monotonic``): the decode's answer, or the error the exchange
         finished with; each leg traced as a child of ``traced``, the request's span. Re-raises
         the cancellation of a client that left."""
-        fleet, upstream, tracing = self.fleet, self.upstream, self.tracing
+        fleet, upstream = self.fleet, self.upstream
         headers = {**self.headers, REQUEST_ID_HEADER: incoming.request_id}
+        # Tracing off, the legs go as they would (a client's trace context on them).
+        spans = traced.span is not None
+        if not spans and traced.passed:
+            headers.update(traced.passed)
         placer = HttpPlacer(
             fleet,
             incoming.body,
@@ -143,17 +149,12 @@ class Driver:
                 while not isinstance(action, Finish):
                     if isinstance(action, Plan):
                         event = await self.planning.planned(attempt, action)
+                    elif spans:
+                        event = await self._traced(traced, action, attempt, headers, first_byte)
                     elif isinstance(action, Send):
-                        name = action.member.name
-                        with tracing.leg(traced, action.leg.value, name, headers) as (sent, span):
-                            event = await send(attempt, action, upstream, sent)
-                            tracing.ended(span, _failed(event), {})
+                        event = await send(attempt, action, upstream, headers)
                     else:
-                        name = action.member.name
-                        with tracing.leg(traced, "decode", name, headers) as (sent, span):
-                            event = await relay(attempt, action, upstream, sent, first_byte)
-                            decoded = attempt.relay.sent if attempt.relay is not None else None
-                            tracing.ended(span, _failed(event), {"pd_policy.bytes_sent": decoded})
+                        event = await relay(attempt, action, upstream, headers, first_byte)
                     action = settle(fleet, exchange.handle(event))
         except asyncio.CancelledError:
             if exchange.finish is None:
@@ -169,12 +170,33 @@ class Driver:
                 await attempt.relay.end(action.error)
         assert isinstance(action, Finish)
         self._record(attempt, action, exchange.attempt)
-        _trace(traced, attempt, action, exchange.attempt)
+        if spans:
+            _trace(traced, attempt, action, exchange.attempt)
         if action.error is None or action.late:
             assert attempt.relay is not None and attempt.relay.response is not None
             return attempt.relay.response
         # Any leg's: a worker's words, or a worker's answer the proxy quotes, redacted.
         return upstream.redactor.error_response(action.error)
+
+    async def _traced(
+        self,
+        traced: Traced,
+        action: Send[HttpWorker] | Relay[HttpWorker],
+        attempt: Attempt,
+        headers: Mapping[str, str],
+        first_byte: Callable[[], object],
+    ) -> Event:
+        # A leg under the request's span, the leg span's traceparent on the leg.
+        leg = action.leg.value if isinstance(action, Send) else "decode"
+        with self.tracing.leg(traced, leg, action.member.name, headers) as (sent, span):
+            more: dict[str, object] = {}
+            if isinstance(action, Send):
+                event = await send(attempt, action, self.upstream, sent)
+            else:
+                event = await relay(attempt, action, self.upstream, sent, first_byte)
+                more["pd_policy.bytes_sent"] = attempt.relay.sent if attempt.relay else None
+            self.tracing.ended(span, _failed(event), more)
+        return event
 
     def _record(self, attempt: Attempt, finish: object, attempts: int) -> None:
         assert isinstance(finish, Finish)

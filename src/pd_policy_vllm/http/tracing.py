@@ -57,14 +57,20 @@ class Tracing:
     def __init__(self, tracer: Tracer | None = None, provider: TracerProvider | None = None):
         self.tracer, self.provider = tracer, provider
 
-    @contextlib.contextmanager
-    def request(self, headers: Mapping[str, str], route: str) -> Iterator[Traced]:
+    def request(
+        self, headers: Mapping[str, str], route: str
+    ) -> contextlib.AbstractContextManager[Traced]:
         """The span of one client request on ``route`` (a child of the trace context in
-        the client's ``headers``), current for the duration of the block."""
+        the client's ``headers``), current for the duration of the block; off, none,
+        and the client's valid trace context to pass on."""
         carrier = _client_context(headers)
         if self.tracer is None:
-            yield Traced(None, carrier)
-            return
+            return contextlib.nullcontext(Traced(None, carrier))
+        return self._spanned(carrier, route)
+
+    @contextlib.contextmanager
+    def _spanned(self, carrier: Mapping[str, str], route: str) -> Iterator[Traced]:
+        assert self.tracer is not None
         from opentelemetry.trace import SpanKind
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
