@@ -1790,6 +1790,27 @@ MUTANTS: Final = (
         ("tests/http/test_http_metrics_meaning.py",),
     ),
     Mutant(
+        "a leg goes without its span's trace context",
+        "pd_policy_vllm/http/tracing.py",
+        "            inject(carrier)  # the leg span's context, W3C Trace Context\n",
+        "",
+        ("tests/http/test_http_tracing.py",),
+    ),
+    Mutant(
+        "tracing off, a client's trace context is dropped",
+        "pd_policy_vllm/http/driver.py",
+        "            headers.update(traced.passed)\n",
+        "            pass\n",
+        ("tests/http/test_http_tracing.py",),
+    ),
+    Mutant(
+        "a client's traceparent is passed on unchecked",
+        "pd_policy_vllm/http/tracing.py",
+        "    if trace_id_of(parent) is None:\n",
+        "    if not parent:\n",
+        ("tests/http/test_http_tracing.py",),
+    ),
+    Mutant(
         "a failing resolution empties the fleet",
         "pd_policy_vllm/http/fleet/discovery.py",
         "            urls = set(mine.values())\n",
