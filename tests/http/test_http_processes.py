@@ -169,5 +169,5 @@ async def _synced(url: str) -> bool:
     async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as response:
         text = await response.text()
     synced = [line for line in text.splitlines() if line.startswith("pd_policy_kv_synced{")]
-    # Merged as the least of the processes': 1 when every process reads every feed.
-    return len(synced) == 2 and all(line.endswith(" 1.0") for line in synced)
+    # Each process's own series: 1 when it reads its feeds, both processes, both prefills.
+    return len(synced) == 4 and all(line.endswith(" 1.0") for line in synced)

@@ -51,7 +51,7 @@ async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
         shutdown_timeout=args.drain_seconds,
     )
     directory = getattr(args, "metrics_dir", None)
-    proxy.siblings = Siblings(directory) if directory is not None else None
+    proxy.siblings = Siblings(directory, args.slot) if directory is not None else None
     proxy.metrics.process_restarts.inc(getattr(args, "restarts", 0))
     # Its own metrics stay open to its siblings' scrapes until it has drained.
     own = proxy.siblings.serving(proxy.own_metrics) if proxy.siblings else contextlib.nullcontext()
@@ -163,10 +163,11 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
     # only this user may enter.
     sockets = Path(tempfile.mkdtemp(prefix="pd-policy-processes-"))
     args = argparse.Namespace(**{**vars(args), "port": port, "metrics_dir": sockets})
-    children: dict[int, float] = {}  # pid: when it started
-    stopping, restarts = False, 0
+    children: dict[int, tuple[float, int]] = {}  # pid: when it started, its slot
+    restarts = [0] * args.processes  # by slot
+    stopping = False
 
-    def start(restarted: bool = False) -> None:
+    def start(slot: int, restarted: bool = False) -> None:
         pid = os.fork()
         if pid == 0:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -176,14 +177,14 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
             try:
                 # A restarted child is made from the configuration read at start: it reads
                 # the one its siblings run now (a reload or a changed file since).
-                more = {"restarted": restarted, "restarts": restarts}
+                more = {"restarted": restarted, "restarts": restarts[slot], "slot": slot}
                 serve(argparse.Namespace(**{**vars(args), **more}), make())
             except BaseException:
                 _log.exception("proxy process failed")
                 code = 1
             finally:
                 os._exit(code)
-        children[pid] = time.monotonic()
+        children[pid] = (time.monotonic(), slot)
 
     def forward(signum: int, _frame: object) -> None:
         nonlocal stopping
@@ -192,8 +193,8 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signum)
 
-    for _ in range(args.processes):
-        start()
+    for slot in range(args.processes):
+        start(slot)
 
     def reload_all(signum: int, _frame: object) -> None:
         for child in list(children):
@@ -206,11 +207,12 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
     status, quick = 0, 0
     while children:
         pid, code = os.wait()
-        started = children.pop(pid, None)
-        if started is None:
+        child = children.pop(pid, None)
+        if child is None:
             continue
+        started, slot = child
         exit_code = os.waitstatus_to_exitcode(code)
-        (sockets / f"{pid}.sock").unlink(missing_ok=True)  # killed, it could not
+        (sockets / f"{slot}.sock").unlink(missing_ok=True)  # killed, it could not
         if stopping:
             status = status or exit_code
             continue
@@ -221,8 +223,8 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
             forward(signal.SIGTERM, None)
             status = exit_code or 1
             continue
-        restarts += 1  # counted in /metrics by every child started from now
-        start(restarted=True)
+        restarts[slot] += 1  # counted in /metrics by the child in its slot
+        start(slot, restarted=True)
     holder.close()
     shutil.rmtree(sockets, ignore_errors=True)
     return status

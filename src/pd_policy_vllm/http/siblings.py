@@ -1,12 +1,13 @@
 """The processes of one proxy (``--processes N``), answering a scrape as one.
 
 The parent makes a directory only its user may enter; each process serves its own
-metrics on a Unix socket there, named by its process id. The process that takes a
-scrape renders its own, asks every sibling's socket for theirs, and merges them
-([`metrics_merge`][pd_policy_vllm.http.fleet.metrics_merge]). A sibling that does not
-answer in time (one restarting) is left out, and ``pd_policy_processes`` says how many
-processes the answer holds. Nothing on these sockets is reachable from the network,
-and nothing there needs a key.
+metrics on a Unix socket there, named by its slot (``0`` to ``N-1``; a process
+restarted takes the slot of the one that died). The process that takes a scrape renders
+its own, asks every sibling's socket for theirs, and merges them, each sample labelled
+with its process's slot ([`metrics_merge`][pd_policy_vllm.http.fleet.metrics_merge]). A
+sibling that does not answer in time (one restarting) is left out, and
+``pd_policy_processes`` says how many processes the answer holds. Nothing on these
+sockets is reachable from the network, and nothing there needs a key.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Final
@@ -33,15 +33,14 @@ _ROUTE: Final = "/metrics"
 
 class Siblings:
     """This process's place among the proxy's processes: the directory of their sockets
-    (``directory``) and its own process id."""
+    (``directory``) and its own slot."""
 
-    def __init__(self, directory: Path, pid: int | None = None) -> None:
-        self.directory = directory
-        self.pid = os.getpid() if pid is None else pid
+    def __init__(self, directory: Path, slot: int) -> None:
+        self.directory, self.slot = directory, slot
 
     @property
     def socket(self) -> Path:
-        return self.directory / f"{self.pid}.sock"
+        return self.directory / f"{self.slot}.sock"
 
     @contextlib.asynccontextmanager
     async def serving(self, render: Callable[[], bytes]) -> AsyncIterator[None]:
@@ -63,7 +62,7 @@ class Siblings:
             await runner.cleanup()
             self.socket.unlink(missing_ok=True)
 
-    async def _theirs(self, socket: Path) -> bytes | None:
+    async def _theirs(self, socket: Path) -> tuple[str, bytes | None]:
         timeout = aiohttp.ClientTimeout(total=SIBLING_TIMEOUT)
         connector = aiohttp.UnixConnector(path=str(socket))
         try:
@@ -71,15 +70,16 @@ class Siblings:
                 aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
                 session.get(f"http://process{_ROUTE}") as response,
             ):
-                return await response.read() if response.status == 200 else None
+                ok = response.status == 200
+                return socket.stem, await response.read() if ok else None
         except (aiohttp.ClientError, TimeoutError, OSError):
-            return None  # gone, or restarting: its counts come back with it
+            return socket.stem, None  # gone, or restarting: its series come back with it
 
     async def metrics(self, own: bytes) -> bytes:
         """``own`` (this process's metrics) and every sibling's that answers, merged."""
         sockets = [s for s in sorted(self.directory.glob("*.sock")) if s != self.socket]
         theirs = await asyncio.gather(*(self._theirs(s) for s in sockets))
-        texts = [own, *(t for t in theirs if t is not None)]
+        texts = {str(self.slot): own, **{slot: t for slot, t in theirs if t is not None}}
         count = "# HELP pd_policy_processes Processes whose metrics this answer holds\n"
         count += f"# TYPE pd_policy_processes gauge\npd_policy_processes {len(texts)}\n"
         try:

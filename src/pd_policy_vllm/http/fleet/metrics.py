@@ -183,7 +183,7 @@ class Metrics:
         self._queued_seen = 0
         self.process_restarts = Counter(
             "pd_policy_process_restarts",
-            "Proxy processes restarted after they died (--processes)",
+            "With --processes N: restarts of this process's slot after a process died",
             registry=r,
         )
 
