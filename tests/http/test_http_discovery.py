@@ -72,6 +72,14 @@ async def _until(check: Any, what: str, seconds: float = 20) -> None:
         await asyncio.sleep(0.05)
 
 
+async def _served(stack: contextlib.AsyncExitStack, stands: tuple[Stand, ...],
+                  records: Records) -> str:  # fmt: skip
+    # Each stand served (its URL set) and a DNS server of ``records``: where it answers.
+    for stand in stands:
+        stand.url = await stack.enter_async_context(serving(stand.app()))
+    return stack.enter_context(dns_server(records))
+
+
 def test_workers_join_and_leave_as_dns_says_and_a_failing_dns_changes_nothing(
     tmp_path: Path,
 ) -> None:
@@ -81,9 +89,7 @@ def test_workers_join_and_leave_as_dns_says_and_a_failing_dns_changes_nothing(
 
     async def main() -> None:
         async with contextlib.AsyncExitStack() as stack:
-            for stand in (prefill, first, second):
-                stand.url = await stack.enter_async_context(serving(stand.app()))
-            where = stack.enter_context(dns_server(records))
+            where = await _served(stack, (prefill, first, second), records)
             records.srv["decodes.test."] = [_srv(first)]
             path = tmp_path / "proxy.toml"
             path.write_text(_toml(prefill.url, where))
@@ -196,9 +202,7 @@ def test_a_reload_follows_the_files_names_now_and_keeps_what_a_kept_name_found(
 
     async def main() -> None:
         async with contextlib.AsyncExitStack() as stack:
-            for stand in (prefill, first, second):
-                stand.url = await stack.enter_async_context(serving(stand.app()))
-            where = stack.enter_context(dns_server(records))
+            where = await _served(stack, (prefill, first, second), records)
             records.srv["decodes.test."] = [_srv(first)]
             records.srv["more.test."] = [_srv(second)]
             path = tmp_path / "proxy.toml"

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy_process import proxy_command, started
 from test_http_fleet import chat
 from test_http_lifecycle import _flags, _post
-from test_http_processes import _children
+from test_http_processes import _children, two_children
 
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.fleet.metrics import Metrics
@@ -105,9 +105,7 @@ def test_every_scrape_of_two_processes_counts_every_request() -> None:
             running = await stack.enter_async_context(started(proxy_command(*flags)))
             url, process = running.url, running.process
             deadline = time.monotonic() + 60
-            while len(_children(process.pid)) < 2:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.1)
+            await two_children(process.pid, deadline)
             await asyncio.sleep(0.5)  # both listening
             assert await asyncio.gather(*(_post(url, chat(i)) for i in range(16))) == [200] * 16
             assert len(decode.calls) == 16

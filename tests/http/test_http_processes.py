@@ -30,6 +30,15 @@ def _children(pid: int) -> set[int]:
     return {int(child) for child in text.split()}
 
 
+async def two_children(pid: int, deadline: float) -> set[int]:
+    """The two children of the proxy ``pid``, once it has started both; fails past
+    ``deadline`` (``time.monotonic``)."""
+    while len(children := _children(pid)) < 2:
+        assert time.monotonic() < deadline, f"the proxy {pid} has {len(children)} children"
+        await asyncio.sleep(0.1)
+    return children
+
+
 def test_two_processes_share_a_port_and_a_killed_one_is_restarted() -> None:
     prefill, decode = Stand("p", lm_only=False), Stand("d")
 
@@ -40,10 +49,7 @@ def test_two_processes_share_a_port_and_a_killed_one_is_restarted() -> None:
             flags = _flags(p, d, "--processes", "2", "--pre-stop-seconds", "0")
             url, process = await stack.enter_async_context(proxy_process(*flags))
             deadline = time.monotonic() + 30
-            while len(_children(process.pid)) < 2:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.1)
-            first = _children(process.pid)
+            first = await two_children(process.pid, deadline)
             statuses = await asyncio.gather(*(_post(url, chat(i)) for i in range(8)))
             assert statuses == [200] * 8
             # Each original child killed in turn: the port serves throughout, whichever
@@ -97,9 +103,7 @@ def test_a_reload_reaches_every_process_and_a_restarted_one_runs_it(tmp_path: Pa
             running = await stack.enter_async_context(started(proxy_command(*flags)))
             url, process, log = running.url, running.process, running.log
             deadline = time.monotonic() + 60
-            while len(_children(process.pid)) < 2:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.1)
+            await two_children(process.pid, deadline)
             write(d2)
             process.send_signal(signal.SIGHUP)  # to the parent: it tells every child
             while sum("SIGHUP: reloaded" in x for x in log) < 2:
