@@ -111,7 +111,7 @@ docs-tables: $(VENV)/.core
 	$(PY) -m pd_policy_vllm.openai.tools.tables --write docs/http.md
 	$(PY) -m pd_policy_vllm.openai.tools.identity_table --write docs/index.md
 	$(PY) -m pd_policy_vllm.http.config.shown --write docs/configuration.md
-	$(PY) -m pd_policy_vllm.http.fleet.metrics --write docs/observe.md
+	$(PY) -m pd_policy_vllm.http.fleet.metrics_table --write docs/observe.md
 
 clean:
 	rm -rf $(VENV) $(SMG_VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis

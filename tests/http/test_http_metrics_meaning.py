@@ -20,7 +20,8 @@ from test_http_fleet import chat, post
 
 from pd_policy import Support, WorkerCapability
 from pd_policy_vllm.http import HttpWorker
-from pd_policy_vllm.http.fleet.metrics import Metrics, latency_buckets, metrics_table
+from pd_policy_vllm.http.fleet.metrics import Metrics, latency_buckets
+from pd_policy_vllm.http.fleet.metrics_table import metrics_table
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.http.upstream import Limits
 

@@ -43,7 +43,6 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.metrics import MetricWrapperBase
 
 from pd_policy import Health, routable
 from pd_policy_vllm.http.fleet.members import Fleet, Member
@@ -54,7 +53,7 @@ if TYPE_CHECKING:
     from pd_policy_vllm.http.upstream import Upstream
     from pd_policy_vllm.kv_events.feed import FeedStats
 
-__all__ = ["CONTENT_TYPE", "Metrics", "latency_buckets", "metrics_table"]
+__all__ = ["CONTENT_TYPE", "Metrics", "latency_buckets"]
 
 #: The ``/metrics`` content type (Prometheus' text format).
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -291,64 +290,3 @@ class Metrics:
             self.outstanding.labels(member.role, member.name).set(member.outstanding)
             self.up.labels(member.role, member.name).set(1 if routable(member.health) else 0)
         return generate_latest(self.registry)
-
-
-#: The one metric a scrape of several processes adds
-#: ([`siblings`][pd_policy_vllm.http.siblings]).
-_PROCESSES: Final = (
-    "pd_policy_processes",
-    "gauge",
-    (),
-    "With --processes N: the processes whose metrics this answer holds",
-)
-
-
-def metrics_table() -> list[tuple[str, str, tuple[str, ...], str]]:
-    """Every metric the proxy exposes, as scraped: its name (a counter's with
-    ``_total``), kind, labels and help; the docs' table is made of it."""
-    rows = []
-    for collector in vars(Metrics()).values():
-        if not isinstance(collector, MetricWrapperBase):
-            continue
-        (family,) = collector.describe()
-        name = family.name + "_total" if family.type == "counter" else family.name
-        labels = tuple(collector._labelnames)
-        rows.append((name, family.type, labels, family.documentation))
-    for family in ProcessCollector(registry=None).collect():
-        name = family.name + "_total" if family.type == "counter" else family.name
-        rows.append((name, family.type, (), family.documentation))
-    rows.append(_PROCESSES)
-    return rows
-
-
-def _table() -> str:
-    lines = ["| metric | kind | labels | what |", "|---|---|---|---|"]
-    for name, kind, labels, what in metrics_table():
-        shown = ", ".join(f"`{label}`" for label in labels)
-        lines.append(f"| `{name}` | {kind} | {shown} | {what} |")
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pd_policy_vllm.http.fleet.metrics --write PAGE``: the table of every
-    metric, written into ``PAGE`` between its ``metrics-table`` markers."""
-    import argparse
-    import sys
-    from pathlib import Path
-
-    cli = argparse.ArgumentParser(prog="python -m pd_policy_vllm.http.fleet.metrics")
-    cli.add_argument("--write", type=Path, metavar="PAGE")
-    args = cli.parse_args(argv)
-    if args.write is None:
-        sys.stdout.write(_table())
-        return 0
-    text = args.write.read_text()
-    start, end = "<!-- metrics-table: start -->\n", "<!-- metrics-table: end -->"
-    head, _, rest = text.partition(start)
-    _, _, tail = rest.partition(end)
-    args.write.write_text(head + start + _table() + end + tail)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
