@@ -46,6 +46,7 @@ TEXT: dict[str, tuple[str, Any]] = {
     "drain_seconds": ("2.5", 2.5),
     "config_watch_seconds": ("0.5", 0.5),
     "log_format": ("json", "json"),
+    "metrics_port": ("9100", 9100),
     "otlp_traces_endpoint": ("http://127.0.0.1:4317", "http://127.0.0.1:4317"),
     "otlp_traces_sample_ratio": ("0.25", 0.25),
     "access_log": ("false", False),

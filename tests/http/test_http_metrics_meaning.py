@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from pathlib import Path
 from typing import Final
 
 import aiohttp
+import pytest
 from fleet_stands import Stand, serving
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from proxy_process import proxy_command, started
 from test_http_fleet import chat, post
 
 from pd_policy import Support, WorkerCapability
@@ -114,3 +117,42 @@ def test_every_name_follows_the_conventions_and_the_docs_table_is_the_code() -> 
     shown = re.findall(r"^\| `([a-z_]+)` \| (\w+) \| ([^|]*) \|", text, flags=re.M)
     in_docs = {(n, k, tuple(re.findall(r"`(\w+)`", labels))) for n, k, labels in shown}
     assert in_docs == exposed, in_docs ^ exposed
+
+
+_METRICS_AT = re.compile(r"metrics on \S+ port (\d+)")
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_metrics_port_serves_metrics_alone_with_no_key(tmp_path: Path, processes: int) -> None:
+    prefill, decode = Stand("p", lm_only=False), Stand("d")
+    (keys := tmp_path / "client-keys").write_text("ck-the-api-needs-me\n")
+
+    async def main() -> None:
+        async with serving(prefill.app()) as p, serving(decode.app()) as d:
+            flags = ("--prefill", p, "--decode", d, "--kv-mode", "nixl", "--no-mrope",
+                     "--api-keys-file", str(keys), "--metrics-port", "0",
+                     "--processes", str(processes))  # fmt: skip
+            async with started(proxy_command(*flags)) as running:
+                deadline = time.monotonic() + 30
+                while not (found := [m for m in map(_METRICS_AT.search, running.log) if m]):
+                    assert time.monotonic() < deadline, running.log
+                    await asyncio.sleep(0.1)
+                ports = {int(m.group(1)) for m in found}
+                assert len(ports) == 1  # every process on the one port
+                metrics = f"http://127.0.0.1:{ports.pop()}"
+                async with aiohttp.ClientSession() as session:
+                    async with session.get(f"{running.url}/metrics") as api:
+                        assert api.status == 401  # the API's port keeps its keys
+                    while True:
+                        async with session.get(f"{metrics}/metrics") as scraped:
+                            assert scraped.status == 200
+                            text = await scraped.text()
+                        if processes == 1 or "pd_policy_processes 2" in text:
+                            break
+                        assert time.monotonic() < deadline, text
+                        await asyncio.sleep(0.2)
+                    assert "pd_policy_requests_total" in text or "pd_policy_requests" in text
+                    async with session.post(f"{metrics}/v1/chat/completions", json=chat(1)) as r:
+                        assert r.status == 404  # metrics alone: no API there
+
+    asyncio.run(main())

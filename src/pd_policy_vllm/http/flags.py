@@ -97,6 +97,13 @@ def parser() -> argparse.ArgumentParser:
         help="log lines as text or as one JSON object each, with ISO-8601 timestamps (text)",
     )
     add(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="also serve /metrics on this port of --host, with no key: for a scraper "
+        "inside the cluster (the API port's /metrics keeps its keys; off)",
+    )
+    add(
         "--otlp-traces-endpoint",
         metavar="URL",
         help="the OTLP collector the proxy's spans go to, as vLLM's flag (off); each leg "

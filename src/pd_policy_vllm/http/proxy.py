@@ -259,6 +259,10 @@ class Proxy:
         authorization = request.headers.get("Authorization")
         if not self.keys.admits(authorization) and self.keys.admin(authorization) is None:
             return error_response(Unauthorized())
+        return await self.scrape(request)
+
+    async def scrape(self, request: web.Request) -> web.Response:
+        """``/metrics``' answer, keys aside: every process's metrics (``--processes``)."""
         body = self.own_metrics()
         if self.siblings is not None:
             body = await self.siblings.metrics(body)

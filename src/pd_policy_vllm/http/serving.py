@@ -14,7 +14,7 @@ import signal
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Final
 
@@ -58,7 +58,7 @@ async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
     await runner.setup()
     cleaned = False
     try:
-        async with own:
+        async with own, _metrics_port(args, proxy):
             site = web.TCPSite(runner, args.host, args.port, reuse_port=args.processes > 1)
             await site.start()
             for address in runner.addresses:  # port 0 is the kernel's choice: say which
@@ -73,6 +73,28 @@ async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
             task.cancel()
         if not cleaned:
             await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def _metrics_port(args: argparse.Namespace, proxy: Proxy) -> AsyncIterator[None]:
+    # --metrics-port: /metrics alone, with no key, for a scraper inside the cluster; the
+    # API's port keeps its keys. Every process binds it (SO_REUSEPORT) and answers for all.
+    port = getattr(args, "metrics_port", None)
+    if port is None:
+        yield
+        return
+    app = web.Application()
+    app.router.add_get("/metrics", proxy.scrape)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, args.host, port, reuse_port=args.processes > 1)
+        await site.start()
+        for address in runner.addresses:
+            _log.info("metrics on %s port %d", address[0], address[1])
+        yield
+    finally:
+        await runner.cleanup()
 
 
 async def _until_stopped(
@@ -140,14 +162,14 @@ _QUICK_DEATH: Final = 5.0
 _QUICK_DEATHS: Final = 5
 
 
-def _bound_port(args: argparse.Namespace) -> tuple[socket.socket, int]:
+def _bound_port(host: str, port: int) -> tuple[socket.socket, int]:
     # Port 0 is the kernel's choice, once: a placeholder bound with SO_REUSEPORT holds
     # the port every child then binds, so that N processes share one port.
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     holder = socket.socket(family, socket.SOCK_STREAM)
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    holder.bind((args.host, args.port))
+    holder.bind((host, port))
     return holder, int(holder.getsockname()[1])
 
 
@@ -158,11 +180,15 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
     reloaded since); one that keeps dying at start ends the proxy with its status.
     SIGTERM and SIGINT go to every child, which drains; the exit status is the first
     failed child's, else 0."""
-    holder, port = _bound_port(args)
+    holder, port = _bound_port(args.host, args.port)
+    holders, shared = [holder], {"port": port}
+    if getattr(args, "metrics_port", None) is not None:
+        metrics_holder, shared["metrics_port"] = _bound_port(args.host, args.metrics_port)
+        holders.append(metrics_holder)
     # Where each child serves its own metrics to the one that takes a scrape: a directory
     # only this user may enter.
     sockets = Path(tempfile.mkdtemp(prefix="pd-policy-processes-"))
-    args = argparse.Namespace(**{**vars(args), "port": port, "metrics_dir": sockets})
+    args = argparse.Namespace(**{**vars(args), **shared, "metrics_dir": sockets})
     children: dict[int, tuple[float, int]] = {}  # pid: when it started, its slot
     restarts = [0] * args.processes  # by slot
     stopping = False
@@ -172,7 +198,8 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
         if pid == 0:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(signum, signal.SIG_DFL)
-            holder.close()
+            for held in holders:
+                held.close()
             code = 0
             try:
                 # A restarted child is made from the configuration read at start: it reads
@@ -225,6 +252,7 @@ def processes(args: argparse.Namespace, make: Callable[[], Proxy]) -> int:
             continue
         restarts[slot] += 1  # counted in /metrics by the child in its slot
         start(slot, restarted=True)
-    holder.close()
+    for held in holders:
+        held.close()
     shutil.rmtree(sockets, ignore_errors=True)
     return status
