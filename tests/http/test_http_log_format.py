@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import io
 import json
 import logging
 import sys
@@ -26,6 +27,7 @@ from pd_policy_vllm.http.log_format import (
     TRACE_ID,
     JsonFormatter,
     TextFormatter,
+    configure,
     trace_id_of,
 )
 
@@ -131,3 +133,24 @@ def test_the_formatters_shape_and_a_requests_context() -> None:
 )
 def test_only_a_valid_traceparent_gives_a_trace_id(header: str | None, trace: str | None) -> None:
     assert trace_id_of(header) == trace
+
+
+def test_the_handler_writes_to_the_standard_error_of_the_moment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Configured while one stderr is in place (a test's capture), then that one closed:
+    # a later record goes to the stderr in place then, never to the closed one.
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        configure("json")
+        first.close()
+        monkeypatch.setattr(sys, "stderr", second)
+        logging.getLogger("pd_policy_vllm.http").warning("after the swap")
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+        root.setLevel(level)
+    assert json.loads(second.getvalue())["message"] == "after the swap"

@@ -94,7 +94,13 @@ class JsonFormatter(logging.Formatter):
 
 
 class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
-    """The proxy's own handler on the root logger: the one ``configure`` replaces."""
+    """The proxy's own handler on the root logger: the one ``configure`` replaces. It
+    writes to the standard error the process has when a record comes, not the one it
+    had when configured (a host, or a test's capture, may have swapped it since)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
 
 
 def configure(log_format: str = "text", level: int = logging.INFO) -> None:
@@ -103,7 +109,7 @@ def configure(log_format: str = "text", level: int = logging.INFO) -> None:
     host application's, a test's). Raises ``ValueError`` for another format."""
     if log_format not in FORMATS:
         raise ValueError(f"no log format {log_format!r} (one of {', '.join(FORMATS)})")
-    handler = _Handler(sys.stderr)
+    handler = _Handler()
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _Handler)]:
