@@ -21,7 +21,6 @@ disconnects cancels every leg.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -30,18 +29,19 @@ from typing import Any, Final
 from pd_policy import ClientUuids, PolicyError, Unauthorized
 from pd_policy_vllm.http.aio import aiohttp, web
 from pd_policy_vllm.http.auth import Keys
+from pd_policy_vllm.http.background import background
 from pd_policy_vllm.http.calls import REQUEST_ID_HEADER
 from pd_policy_vllm.http.clients import Clients, open_clients
 from pd_policy_vllm.http.driver import Driver
 from pd_policy_vllm.http.fleet.admin import Admin, add_admin_routes
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts
 from pd_policy_vllm.http.fleet.describe import OperatorSays
-from pd_policy_vllm.http.fleet.discovery import Discovery, Following, following
+from pd_policy_vllm.http.fleet.discovery import Discovery, Following
 from pd_policy_vllm.http.fleet.kv_routing import KvRouting
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.fleet.metrics import CONTENT_TYPE, Metrics
 from pd_policy_vllm.http.fleet.models import fleet_models
-from pd_policy_vllm.http.fleet.probe import Probe, probing
+from pd_policy_vllm.http.fleet.probe import Probe
 from pd_policy_vllm.http.front_door import FrontDoor, admit, error_response, refusal
 from pd_policy_vllm.http.lifecycle import Lifecycle
 from pd_policy_vllm.http.log_filter import install as redact_logs
@@ -223,21 +223,10 @@ class Proxy:
                 kv=self.kv_routing,
                 tracing=self.tracing,
             )
-            probes = (
-                contextlib.nullcontext()
-                if self.probe is None
-                else probing(self.fleet, clients.workers, self.probe, headers)
-            )
-            feeds = (
-                contextlib.nullcontext()
-                if self.kv_routing is None
-                else self.kv_routing.running(self.fleet)
-            )
-            stated = self.probe.stated if self.probe is not None else None
-            found = following(self.discovery, self.fleet, clients.workers, headers, stated)
-            self.following = found
+            running = background(self.fleet, clients.workers, headers, probe=self.probe,
+                                 kv_routing=self.kv_routing, discovery=self.discovery)  # fmt: skip
             try:
-                async with probes, feeds, found:
+                async with running as self.following:
                     yield
             finally:
                 self.following = None
