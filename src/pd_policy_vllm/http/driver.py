@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+import uuid
 from collections.abc import Callable, Mapping
 
+from pd_policy import ClientUuids, PolicyError, Unauthorized
 from pd_policy.exchange import Exchange, settle
 from pd_policy.exchange.events import (
     Begin,
@@ -35,18 +37,21 @@ from pd_policy.exchange.events import (
 )
 from pd_policy_vllm.http.aio import web
 from pd_policy_vllm.http.attempt import Attempt
+from pd_policy_vllm.http.auth import Keys
 from pd_policy_vllm.http.calls import REQUEST_ID_HEADER, leg_headers
 from pd_policy_vllm.http.decode import relay
 from pd_policy_vllm.http.fleet.kv_routing import KvRouting
 from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.fleet.metrics import Metrics
 from pd_policy_vllm.http.fleet.routing import HttpPlacer
-from pd_policy_vllm.http.front_door import Incoming
+from pd_policy_vllm.http.front_door import FrontDoor, Incoming, admit, refusal
+from pd_policy_vllm.http.log_format import REQUEST_ID, TRACE_ID, trace_id_of
 from pd_policy_vllm.http.planning import Planning
 from pd_policy_vllm.http.request_log import log_request
 from pd_policy_vllm.http.send import send
 from pd_policy_vllm.http.tracing import OFF, UNTRACED, Traced, Tracing
 from pd_policy_vllm.http.upstream import Upstream
+from pd_policy_vllm.openai.plan.request import Route
 from pd_policy_vllm.openai.workers import HttpWorker
 
 __all__ = ["Driver"]
@@ -88,6 +93,8 @@ class Driver:
     ``metrics`` and, when ``log``, the request log record each end. ``kv`` looks each
     request up in the prefills' KV caches before it is placed (``None``: no KV-event
     routing). ``tracing``: each leg a span ([`tracing`][pd_policy_vllm.http.tracing]).
+    [`serve`][pd_policy_vllm.http.driver.Driver.serve] admits a client's request through
+    ``front_door`` (its ``client_uuids`` scoped or trusted) and runs it.
     [`run`][pd_policy_vllm.http.driver.Driver.run] answers one client."""
 
     def __init__(
@@ -103,12 +110,67 @@ class Driver:
         log: bool,
         kv: KvRouting | None = None,
         tracing: Tracing = OFF,
+        front_door: FrontDoor | None = None,
+        client_uuids: ClientUuids = ClientUuids.SCOPED,
     ) -> None:
         self.fleet, self.planning, self.upstream, self.metrics = fleet, planning, upstream, metrics
         self.kv, self.tracing = kv, tracing
+        self.front_door = front_door if front_door is not None else FrontDoor()
+        self.client_uuids = client_uuids
         self.attempts, self.deadline, self.log = attempts, deadline, log
         # Every leg's headers but its request's id (leg_headers, made once).
         self.headers = leg_headers("", headers)
+
+    async def serve(
+        self, request: web.Request, route: Route, keys: Keys, *, served_as: str | None = None
+    ) -> web.StreamResponse:
+        """Serve one client request on ``route`` with the proxy's ``keys`` as they are now;
+        ``served_as`` is the client's route when another API is planned as ``route``."""
+        # The workers see the proxy's own id, unique per request: two clients that choose
+        # one id must not collide on an engine. The client's is logged and echoed back.
+        request_id = uuid.uuid4().hex
+        # This request's log lines (its legs' too) carry its ids; a keep-alive
+        # connection's next request must not.
+        ids = REQUEST_ID.set(request_id)
+        trace = TRACE_ID.set(trace_id_of(request.headers.get("traceparent")))
+        try:
+            with self.tracing.request(request.headers, served_as or route.value) as traced:
+                return await self._enter(request, route, keys, served_as, request_id, traced)
+        finally:
+            TRACE_ID.reset(trace)
+            REQUEST_ID.reset(ids)
+
+    async def _enter(
+        self,
+        request: web.Request,
+        route: Route,
+        keys: Keys,
+        served_as: str | None,
+        request_id: str,
+        traced: Traced,
+    ) -> web.StreamResponse:
+        arrived = time.monotonic()
+        client_id = request.headers.get(REQUEST_ID_HEADER)
+        echo = client_id if client_id is not None else request_id
+        path = served_as or route.value
+        try:
+            if not keys.admits(request.headers.get("Authorization")):
+                raise Unauthorized()  # no byte of its body is read, no worker called
+            incoming = await admit(request, route, request_id, self.front_door,
+                                   self.client_uuids, keyed=bool(keys.clients),
+                                   served_as=served_as, client_id=client_id)  # fmt: skip
+        except PolicyError as exc:
+            # Refused at the door, before any plan: logged, timed, not counted by form.
+            self.metrics.observe_duration(path, time.monotonic() - arrived)
+            traced.set({"http.response.status_code": exc.status}, exc.code)
+            if self.log:
+                log_request(request_id, path, None, None, exc.status, exc.code, 1, arrived,
+                            client_id)  # fmt: skip
+            return await refusal(request, exc, {REQUEST_ID_HEADER: echo})
+        response = await self.run(request, incoming, arrived, traced)
+        if not response.prepared:  # a stream's went out with its head (DecodeRelay)
+            response.headers[REQUEST_ID_HEADER] = echo
+        return response
 
     async def run(
         self,

@@ -12,12 +12,12 @@ import argparse
 from pathlib import Path
 from typing import Final
 
-from pd_policy import Balance, ClientUuids, InvalidConfiguration, KvConnectorMode, __version__
+from pd_policy import Balance, ClientUuids, KvConnectorMode, __version__
 from pd_policy.wires import decode_kv_from_config
-from pd_policy_vllm.http.config.values import bind_host, json_object, ratio, seconds
+from pd_policy_vllm.http.config.values import bind_host, json_object, seconds
 from pd_policy_vllm.http.fleet.allowed_hosts import AllowedHosts, allowed_hosts
 from pd_policy_vllm.http.fleet.describe import CAPABILITIES, OperatorSays
-from pd_policy_vllm.http.fleet.kv_routing import KvRouting
+from pd_policy_vllm.http.kv_flags import add_kv_routing_flags, kv_routing
 from pd_policy_vllm.http.lifecycle import DRAIN_SECONDS, PRE_STOP_SECONDS
 from pd_policy_vllm.http.limit_flags import (
     add_client_limit_flags,
@@ -27,8 +27,8 @@ from pd_policy_vllm.http.limit_flags import (
     media_limits,
     upstream_limits,
 )
-from pd_policy_vllm.http.log_format import FORMATS
 from pd_policy_vllm.http.media.fetch import RemoteMedia
+from pd_policy_vllm.http.observe_flags import add_observe_flags
 
 __all__ = [
     "GROUPS",
@@ -89,33 +89,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the effective configuration, secrets hidden, and exit",
     )
-    add = group["logs, metrics and traces"].add_argument
-    add(
-        "--log-format",
-        choices=FORMATS,
-        default="text",
-        help="log lines as text or as one JSON object each, with ISO-8601 timestamps (text)",
-    )
-    add(
-        "--metrics-port",
-        type=int,
-        metavar="PORT",
-        help="also serve /metrics on this port of --host, with no key: for a scraper "
-        "inside the cluster (the API port's /metrics keeps its keys; off)",
-    )
-    add(
-        "--otlp-traces-endpoint",
-        metavar="URL",
-        help="the OTLP collector the proxy's spans go to, as vLLM's flag (off); each leg "
-        "carries its span's traceparent, so a traced vllm serve joins the trace",
-    )
-    add(
-        "--otlp-traces-sample-ratio",
-        type=ratio,
-        default=1.0,
-        help="the share of the traces the proxy starts that are sampled (1; a client's "
-        "traceparent decides its own)",
-    )
+    add_observe_flags(group["logs, metrics and traces"])
     add = group["workers"].add_argument
     add("--prefill", action="append", default=[], help="a prefill worker's URL (repeat)")
     add("--decode", action="append", default=[], help="a decode worker's URL (repeat)")
@@ -215,35 +189,7 @@ def parser() -> argparse.ArgumentParser:
         default=1.25,
         help="a worker takes its media's requests until it holds this x the mean (1.25)",
     )
-    add = group["KV routing"].add_argument
-    add(
-        "--kv-routing",
-        action="store_true",
-        help="send each request to the prefill whose KV cache holds the most of it, within "
-        "the load bound, as the prefills' KV events say (each run with --kv-events-config "
-        "on tcp://*:PORT, described by its /server_info or the file; chat requests are "
-        "rendered on one with --enable-scale-out); a prefill whose events cannot be "
-        "followed is routed as before",
-    )
-    add(
-        "--kv-hash-seed",
-        metavar="SEED",
-        help="the prefills' PYTHONHASHSEED, when they run with one (it seeds their block hashes)",
-    )
-    add(
-        "--kv-index-blocks",
-        type=int,
-        default=1 << 20,
-        help="the block hashes kept per prefill for KV routing (1048576: 8 MiB or so each)",
-    )
-    add(
-        "--no-render-once",
-        dest="render_once",
-        action="store_false",
-        help="with --kv-routing, send the prefill the client's body even when the lookup "
-        "rendered it (by default its prefill leg is token-in from that render, to the "
-        "prefill's /inference/v1/generate, where the connector allows)",
-    )
+    add_kv_routing_flags(group["KV routing"])
     add = group["media"].add_argument
     add(
         "--remote-media",
@@ -328,16 +274,6 @@ def admin_hosts(args: argparse.Namespace) -> AllowedHosts | None:
     [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for an entry that is
     not a host, an address or a network."""
     return allowed_hosts(args.admin_allowed_hosts) if args.admin_allowed_hosts else None
-
-
-def kv_routing(args: argparse.Namespace) -> KvRouting | None:
-    """The KV-event routing the flags ask for, if any. Raises
-    [`InvalidConfiguration`][pd_policy.errors.InvalidConfiguration] for a bound below 1."""
-    if not args.kv_routing:
-        return None
-    if args.kv_index_blocks < 1:
-        raise InvalidConfiguration("--kv-index-blocks must be at least 1", "kv_index_blocks")
-    return KvRouting(seed=args.kv_hash_seed, max_blocks=args.kv_index_blocks)
 
 
 def client_uuids(args: argparse.Namespace) -> ClientUuids:

@@ -21,12 +21,10 @@ disconnects cancels every leg.
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
-from pd_policy import ClientUuids, PolicyError, Unauthorized
+from pd_policy import ClientUuids, Unauthorized
 from pd_policy_vllm.http.aio import aiohttp, web
 from pd_policy_vllm.http.auth import Keys
 from pd_policy_vllm.http.background import background
@@ -42,18 +40,16 @@ from pd_policy_vllm.http.fleet.members import Fleet
 from pd_policy_vllm.http.fleet.metrics import CONTENT_TYPE, Metrics
 from pd_policy_vllm.http.fleet.models import fleet_models
 from pd_policy_vllm.http.fleet.probe import Probe
-from pd_policy_vllm.http.front_door import FrontDoor, admit, error_response, refusal
+from pd_policy_vllm.http.front_door import FrontDoor, error_response
 from pd_policy_vllm.http.lifecycle import Lifecycle
 from pd_policy_vllm.http.log_filter import install as redact_logs
-from pd_policy_vllm.http.log_format import REQUEST_ID, TRACE_ID, trace_id_of
 from pd_policy_vllm.http.media.fetch import RemoteMedia
 from pd_policy_vllm.http.media.guard import MediaLimits
 from pd_policy_vllm.http.media.pinning import fetch_budget
 from pd_policy_vllm.http.planning import Planning
 from pd_policy_vllm.http.redact import Redactor
-from pd_policy_vllm.http.request_log import log_request
 from pd_policy_vllm.http.siblings import Siblings
-from pd_policy_vllm.http.tracing import OFF, Traced, Tracing
+from pd_policy_vllm.http.tracing import OFF, Tracing
 from pd_policy_vllm.http.upstream import DEFAULT_LIMITS, Limits, Observer
 from pd_policy_vllm.openai.plan.request import Route
 from pd_policy_vllm.openai.plan.responses import RESPONSES
@@ -222,6 +218,8 @@ class Proxy:
                 log=self.log_requests,
                 kv=self.kv_routing,
                 tracing=self.tracing,
+                front_door=self.front_door,
+                client_uuids=self.client_uuids,
             )
             running = background(self.fleet, clients.workers, headers, probe=self.probe,
                                  kv_routing=self.kv_routing, discovery=self.discovery)  # fmt: skip
@@ -290,56 +288,5 @@ class Proxy:
     ) -> web.StreamResponse:
         """Serve one client request on ``route``; ``served_as`` is the client's route when
         it is another API that is planned as ``route`` (the Responses API, as chat)."""
-        # The workers see the proxy's own id, unique per request: two clients that choose
-        # one id must not collide on an engine. The client's is logged and echoed back.
-        request_id = uuid.uuid4().hex
-        # This request's log lines (its legs' too) carry its ids; a keep-alive
-        # connection's next request must not.
-        ids = REQUEST_ID.set(request_id)
-        trace = TRACE_ID.set(trace_id_of(request.headers.get("traceparent")))
-        try:
-            with self.tracing.request(request.headers, served_as or route.value) as traced:
-                return await self._serve(request, route, served_as, request_id, traced)
-        finally:
-            TRACE_ID.reset(trace)
-            REQUEST_ID.reset(ids)
-
-    async def _serve(
-        self,
-        request: web.Request,
-        route: Route,
-        served_as: str | None,
-        request_id: str,
-        traced: Traced,
-    ) -> web.StreamResponse:
-        arrived = time.monotonic()
-        client_id = request.headers.get(REQUEST_ID_HEADER)
-        echo = client_id if client_id is not None else request_id
-        keys = self.keys
-        try:
-            if not keys.admits(request.headers.get("Authorization")):
-                raise Unauthorized()  # no byte of its body is read, no worker called
-            incoming = await admit(
-                request,
-                route,
-                request_id,
-                self.front_door,
-                self.client_uuids,
-                keyed=bool(keys.clients),
-                served_as=served_as,
-                client_id=client_id,
-            )
-        except PolicyError as exc:
-            # Refused at the door, before any plan: logged, timed, not counted by form.
-            self.metrics.observe_duration(served_as or route.value, time.monotonic() - arrived)
-            traced.set({"http.response.status_code": exc.status}, exc.code)
-            if self.log_requests:
-                path = served_as or route.value
-                log_request(
-                    request_id, path, None, None, exc.status, exc.code, 1, arrived, client_id
-                )
-            return await refusal(request, exc, {REQUEST_ID_HEADER: echo})
-        response = await request.app[_DRIVER].run(request, incoming, arrived, traced)
-        if not response.prepared:  # a stream's went out with its head (DecodeRelay)
-            response.headers[REQUEST_ID_HEADER] = echo
-        return response
+        driver = request.app[_DRIVER]
+        return await driver.serve(request, route, self.keys, served_as=served_as)
