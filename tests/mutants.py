@@ -1660,7 +1660,7 @@ MUTANTS: Final = (
         "each process binds port 0 on its own",
         "pd_policy_vllm/http/serving.py",
         '    holders, shared = [holder], {"port": port}\n',
-        '    holders, shared = [holder], {}\n',
+        "    holders, shared = [holder], {}\n",
         ("tests/http/test_http_processes.py",),
     ),
     Mutant(
