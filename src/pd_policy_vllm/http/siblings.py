@@ -22,13 +22,15 @@ from typing import Final
 from pd_policy_vllm.http.aio import aiohttp, web
 from pd_policy_vllm.http.fleet.metrics_merge import merge
 
-__all__ = ["SIBLING_TIMEOUT", "Siblings"]
+__all__ = ["PROCESSES_HELP", "SIBLING_TIMEOUT", "Siblings"]
 
 _log = logging.getLogger("pd_policy_vllm.http")
 
 #: Seconds a sibling has to answer a scrape's question.
 SIBLING_TIMEOUT: Final = 2.0
 _ROUTE: Final = "/metrics"
+#: The help of ``pd_policy_processes``, the one metric a merged scrape adds.
+PROCESSES_HELP: Final = "With --processes N: the processes whose metrics this answer holds"
 
 
 class Siblings:
@@ -80,7 +82,7 @@ class Siblings:
         sockets = [s for s in sorted(self.directory.glob("*.sock")) if s != self.socket]
         theirs = await asyncio.gather(*(self._theirs(s) for s in sockets))
         texts = {str(self.slot): own, **{slot: t for slot, t in theirs if t is not None}}
-        count = "# HELP pd_policy_processes Processes whose metrics this answer holds\n"
+        count = f"# HELP pd_policy_processes {PROCESSES_HELP}\n"
         count += f"# TYPE pd_policy_processes gauge\npd_policy_processes {len(texts)}\n"
         try:
             return merge(texts) + count.encode()

@@ -14,6 +14,7 @@ from prometheus_client import ProcessCollector
 from prometheus_client.metrics import MetricWrapperBase
 
 from pd_policy_vllm.http.fleet.metrics import Metrics
+from pd_policy_vllm.http.siblings import PROCESSES_HELP
 
 __all__ = ["main", "metrics_table"]
 
@@ -24,7 +25,7 @@ _PROCESSES: Final = (
     "pd_policy_processes",
     "gauge",
     (),
-    "With --processes N: the processes whose metrics this answer holds",
+    PROCESSES_HELP,
 )
 
 
