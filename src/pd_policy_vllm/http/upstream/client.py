@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import ssl
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
@@ -40,6 +38,7 @@ from pd_policy_vllm.http.redact import Redactor
 from .connection import Connection, Head
 from .errors import UpstreamDisconnected, UpstreamUnreachable
 from .limits import DEFAULT_LIMITS, Limits
+from .pool import Pool
 from .response import Response
 
 __all__ = ["Observer", "Response", "Upstream"]
@@ -80,52 +79,6 @@ class _Target:
             self.authorization = "Basic " + base64.b64encode(pair.encode()).decode()
 
 
-class _Pool:
-    """One worker origin's idle connections, and the slots of the legs it is serving."""
-
-    __slots__ = ("busy", "idle", "queued", "waiters")
-
-    def __init__(self) -> None:
-        self.idle: list[tuple[float, Connection]] = []
-        self.busy = 0
-        self.waiters: deque[asyncio.Future[None]] = deque()
-        self.queued = 0  # legs that waited for a slot, ever
-
-    async def take(self, limits: Limits) -> None:
-        if self.busy < limits.max_connections and not self.waiters:
-            self.busy += 1
-            return
-        self.queued += 1
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self.waiters.append(waiter)
-        timer = loop.call_later(limits.queue_timeout, _expire, waiter)
-        try:
-            await waiter  # the slot is handed over by ``give``, ``busy`` unchanged
-        except BaseException:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self.give()  # handed a slot as it was cancelled: pass it on
-            else:
-                with contextlib.suppress(ValueError):
-                    self.waiters.remove(waiter)
-            raise
-        finally:
-            timer.cancel()
-
-    def give(self) -> None:
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self.busy -= 1
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(UpstreamUnreachable("the worker's connections are all in use"))
-
-
 class Upstream:
     """The pools of connections to every worker; closed with ``close``. ``redactor``: the
     keys none of the workers' answers may carry on (its callers that relay an answer,
@@ -141,7 +94,7 @@ class Upstream:
         self.limits = limits
         self.redactor = redactor if redactor is not None else Redactor()
         self.closed = False
-        self._pools: dict[tuple[str, str, int], _Pool] = {}
+        self._pools: dict[tuple[str, str, int], Pool] = {}
         self._targets: dict[str, _Target] = {}
         self._tls: ssl.SSLContext | None = None
 
@@ -181,7 +134,7 @@ class Upstream:
             raise UpstreamUnreachable(f"no connection ({type(exc).__name__})") from None
         return connection
 
-    def _idle(self, pool: _Pool) -> Connection | None:
+    def _idle(self, pool: Pool) -> Connection | None:
         now = time.monotonic()
         idle = pool.idle
         while idle:
@@ -191,10 +144,9 @@ class Upstream:
             connection.close()
         return None
 
-    @contextlib.asynccontextmanager
-    async def post(
+    def post(
         self, url: str, body: Sequence[bytes | memoryview] | bytes, headers: Mapping[str, str]
-    ) -> AsyncIterator[Response]:
+    ) -> _Posting:
         """``async with upstream.post(url, body, headers) as response``: POST ``body``
         (bytes, or parts sent in order) with ``headers`` to ``url`` as the block is
         entered, and give the worker's answer to the block once its head has come back;
@@ -206,6 +158,11 @@ class Upstream:
         fails before its head is whole, ``UpstreamTimeout`` when the head does not come
         within the read timeout, and ``ValueError`` for a header that holds a line
         break."""
+        return _Posting(self, url, body, headers)
+
+    async def _enter(
+        self, url: str, body: Sequence[bytes | memoryview] | bytes, headers: Mapping[str, str]
+    ) -> tuple[Pool, Connection, Head]:
         if self.closed:
             raise UpstreamUnreachable("the proxy's client is closed")
         target = self._target(url)
@@ -215,25 +172,23 @@ class Upstream:
             observer(url, b"".join(parts))
         pool = self._pools.get(target.origin)
         if pool is None:
-            pool = self._pools[target.origin] = _Pool()
+            pool = self._pools[target.origin] = Pool()
         await pool.take(self.limits)
         try:
             connection, answer = await self._send(target, pool, head, parts)
         except BaseException:
             pool.give()
             raise
-        reusable = False
-        try:
-            yield Response(connection, answer)
-            reusable = connection.reusable
-        finally:
-            # The block's end, however it came: the connection back to its pool when
-            # read to its end, and the slot to the next leg waiting.
-            if reusable and not self.closed:
-                pool.idle.append((time.monotonic(), connection))
-            else:
-                connection.close()
-            pool.give()
+        return pool, connection, answer
+
+    def _leave(self, pool: Pool, connection: Connection, whole: bool) -> None:
+        # The block's end, however it came: the connection back to its pool when read to
+        # its end, and the slot to the next leg waiting.
+        if whole and connection.reusable and not self.closed:
+            pool.idle.append((time.monotonic(), connection))
+        else:
+            connection.close()
+        pool.give()
 
     @staticmethod
     def _head(
@@ -255,7 +210,7 @@ class Upstream:
         return b"".join(lines)
 
     async def _send(
-        self, target: _Target, pool: _Pool, head: bytes, parts: Sequence[bytes | memoryview]
+        self, target: _Target, pool: Pool, head: bytes, parts: Sequence[bytes | memoryview]
     ) -> tuple[Connection, Head]:
         connection = self._idle(pool)
         reused = connection is not None
@@ -281,3 +236,34 @@ class Upstream:
             for _, connection in pool.idle:
                 connection.close()
         self._pools.clear()
+
+
+class _Posting:
+    """One leg's ``async with`` block (``Upstream.post``): a class, not an
+    ``asynccontextmanager``, whose async generator costs its loop's bookkeeping twice a
+    request. What it holds is taken on entering and given back on leaving, however the
+    block is left."""
+
+    __slots__ = ("_args", "_held", "_upstream")
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        url: str,
+        body: Sequence[bytes | memoryview] | bytes,
+        headers: Mapping[str, str],
+    ) -> None:
+        self._upstream, self._args = upstream, (url, body, headers)
+        self._held: tuple[Pool, Connection] | None = None
+
+    async def __aenter__(self) -> Response:
+        pool, connection, answer = await self._upstream._enter(*self._args)
+        self._held = (pool, connection)
+        return Response(connection, answer)
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: object
+    ) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self._upstream._leave(*held, whole=kind is None)
