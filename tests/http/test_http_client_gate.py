@@ -115,6 +115,26 @@ def test_a_trickled_head_is_cut_at_the_header_timeout_while_an_idle_connection_s
     run(test, CAPPED)
 
 
+def test_a_head_trickled_after_a_request_on_its_connection_is_cut_too() -> None:
+    # The gate's one timer, armed by the first head's first byte, still runs when the next
+    # head begins: when it fires, it must time the head begun since, not let it be.
+    async def test(port: int, calls: list[str]) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await _served(reader, writer) == 200
+        await asyncio.sleep(CAPPED.header_timeout / 3)
+        data = head(len(CHAT)).replace(b"Host: proxy", b"Host: " + b"p" * 150)
+        sent: list[int] = []
+        sending = asyncio.create_task(trickle(writer, data, sent))
+        assert await closed(reader)
+        assert not sending.done() and len(sent) < len(data)  # cut while the head came
+        sending.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await sending
+        writer.close()
+
+    run(test, CAPPED)
+
+
 def test_a_request_slower_than_the_header_timeout_is_not_cut() -> None:
     # The head's deadline ends with the head: a long answer is not a slow head.
     async def test(port: int, calls: list[str]) -> None:

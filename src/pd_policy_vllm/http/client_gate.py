@@ -21,9 +21,11 @@ new connection:
   ``keepalive_timeout``: ``aiohttp``'s own timer, armed as the connection opens and
   as each response ends, closes a connection with no whole head by then.
 
-The gate knows a request's head is whole when the application's first middleware
-runs (``aiohttp`` calls it as soon as the head is parsed, before any of the body is
-read), and the request over when it returns. Bytes that come while a request is served
+The gate knows a request's head is whole when the server's request handler is called
+(``aiohttp`` calls it as soon as the head is parsed, before any of the body is read),
+and the request over when it returns: the gate wraps that handler, not the
+application's middlewares (an application with any runs ``aiohttp``'s middleware
+chain, its own included, on every request). Bytes that come while a request is served
 (its body, or the start of a pipelined next request) start no deadline: a next head
 begun then, and left unfinished, is bounded by the keep-alive timeout instead.
 """
@@ -46,7 +48,7 @@ __all__ = ["ClientGate", "GatedRunner"]
 _LINGER: Final = 1.0
 _LINGER_BYTES: Final = 64 * 1024
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 def _refusal(error: PolicyError) -> bytes:
@@ -97,7 +99,11 @@ class _Guard(asyncio.Protocol):
     def __init__(self, gate: ClientGate, handler: asyncio.Protocol) -> None:
         self._gate, self.handler = gate, handler
         self._transport: asyncio.Transport | None = None
+        # One timer at a time, left running when a head is whole: a keep-alive
+        # connection's requests do not each make and cancel one. When it fires, it
+        # closes the connection, re-arms for the head begun since, or ends.
         self._timer: asyncio.TimerHandle | None = None
+        self._since: float | None = None  # when the unfinished head's first byte came
         self._busy = False  # a head was whole and its request is not over
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -106,8 +112,12 @@ class _Guard(asyncio.Protocol):
         self.handler.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if not self._busy and self._timer is None:
-            self._arm()
+        if not self._busy and self._since is None:
+            loop = asyncio.get_running_loop()
+            self._since = loop.time()
+            if self._timer is None:
+                self._timer = loop.call_at(self._since + self._gate.door.header_timeout,
+                                           self._late)  # fmt: skip
         self.handler.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -127,15 +137,11 @@ class _Guard(asyncio.Protocol):
     def begun(self) -> None:
         """A head is whole: its deadline is met."""
         self._busy = True
-        self._disarm()
+        self._since = None
 
     def ended(self) -> None:
         """Its request is over: the next head's deadline runs from its first byte."""
         self._busy = False
-
-    def _arm(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._gate.door.header_timeout, self._late)
 
     def _disarm(self) -> None:
         if self._timer is not None:
@@ -144,16 +150,23 @@ class _Guard(asyncio.Protocol):
 
     def _late(self) -> None:
         self._timer = None
-        if not self._busy and self._transport is not None:
+        if self._busy or self._since is None or self._transport is None:
+            return  # no head under way: the next one's first byte arms again
+        deadline = self._since + self._gate.door.header_timeout
+        loop = asyncio.get_running_loop()
+        if loop.time() >= deadline:
             self._transport.close()
+        else:  # a head begun after the one this timer was armed for
+            self._timer = loop.call_at(deadline, self._late)
 
 
 class ClientGate:
     """The protocol factory of a server's sites, in front of ``server`` (``aiohttp``'s):
     a connection past ``door.max_connections`` is refused, the others are handed to
     ``server``'s protocol with a deadline on each head (see the module docs).
-    ``middleware`` must be the application's first: it tells the gate when a head is
-    whole and when its request is over."""
+    [`handling`][pd_policy_vllm.http.client_gate.ClientGate.handling] wraps ``server``'s
+    request handler: it tells the gate when a head is whole and when its request is
+    over."""
 
     def __init__(self, door: FrontDoor) -> None:
         self.door = door
@@ -170,28 +183,31 @@ class ClientGate:
         self.held[guard.handler] = guard
         return guard
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        guard = self.held.get(request.protocol)
-        if guard is None:
-            return await handler(request)
-        guard.begun()
-        try:
-            return await handler(request)
-        finally:
-            guard.ended()
+    def handling(self, handler: Handler) -> Handler:
+        """``handler`` (a server's request handler), telling the gate when each request
+        begins (its head whole) and ends."""
+
+        async def handle(request: web.BaseRequest) -> web.StreamResponse:
+            guard = self.held.get(request.protocol)
+            if guard is None:
+                return await handler(request)
+            guard.begun()
+            try:
+                return await handler(request)
+            finally:
+                guard.ended()
+
+        return handle
 
 
 class GatedRunner(web.AppRunner):
     """``web.AppRunner`` for ``app`` with ``door``'s limits on its clients: its
     ``server_args`` (``kwargs`` add to them) and its [`ClientGate`][
     pd_policy_vllm.http.client_gate.ClientGate] in front of every connection of its
-    sites (``web.TCPSite(runner, ...)`` as for any runner). Puts the gate's middleware
-    first in ``app``'s, which must not be frozen yet."""
+    sites (``web.TCPSite(runner, ...)`` as for any runner)."""
 
     def __init__(self, app: web.Application, door: FrontDoor, **kwargs: Any) -> None:
         self.gate = ClientGate(door)
-        app.middlewares.insert(0, self.gate.middleware)
         super().__init__(app, **{**door.server_args(), **kwargs})
 
     @property
@@ -199,7 +215,9 @@ class GatedRunner(web.AppRunner):
         server = super().server
         if server is None:
             return None
-        self.gate.server = server
+        if self.gate.server is not server:
+            self.gate.server = server
+            server.request_handler = self.gate.handling(server.request_handler)
         # A site calls what this returns for each new connection, and that is all it
         # does with it; the runner's own cleanup uses its server, not this.
         return cast(web.Server, self.gate)
