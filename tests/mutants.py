@@ -630,8 +630,15 @@ MUTANTS: Final = (
     Mutant(
         "a worker's handoff nested past the limit is relayed",
         "pd_policy_vllm/openai/wire/codec.py",
-        "    if deeper_than(reply.kv_transfer_params) or deeper_than(reply.usage):",
+        "    if too_deep(opened, reply.kv_transfer_params) or too_deep(opened, reply.usage):",
         "    if False:",
+        _JSON,
+    ),
+    Mutant(
+        "a worker's reply is never walked for its depth: counted as opening nothing",
+        "pd_policy_vllm/openai/wire/codec.py",
+        '    opened = count(raw, b"[") + count(raw, b"{")',
+        "    opened = 0",
         _JSON,
     ),
     Mutant(
@@ -774,7 +781,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "the connection cap per worker is not held",
-        "pd_policy_vllm/http/upstream/client.py",
+        "pd_policy_vllm/http/upstream/pool.py",
         "        if self.busy < limits.max_connections and not self.waiters:",
         "        if True:",
         _HOSTILE,
@@ -795,7 +802,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a leg handed a slot as it is cancelled keeps it",
-        "pd_policy_vllm/http/upstream/client.py",
+        "pd_policy_vllm/http/upstream/pool.py",
         "                self.give()  # handed a slot as it was cancelled: pass it on\n",
         "                pass\n",
         _CANCEL,
@@ -810,10 +817,10 @@ MUTANTS: Final = (
     Mutant(
         "a leg whose block is left by an error or a cancellation keeps its slot",
         "pd_policy_vllm/http/upstream/client.py",
-        "        try:\n            yield Response(connection, answer)\n"
-        "            reusable = connection.reusable\n        finally:\n",
-        "        if True:\n            yield Response(connection, answer)\n"
-        "            reusable = connection.reusable\n        if True:\n",
+        "        if held is not None:\n"
+        "            self._upstream._leave(*held, whole=kind is None)\n",
+        "        if held is not None and kind is None:\n"
+        "            self._upstream._leave(*held, whole=True)\n",
         _CANCEL,
     ),
     Mutant(
@@ -853,14 +860,14 @@ MUTANTS: Final = (
     Mutant(
         "a head's deadline never starts: a trickled head holds its connection",
         "pd_policy_vllm/http/client_gate.py",
-        "        if not self._busy and self._timer is None:\n            self._arm()\n",
-        "",
+        "        if not self._busy and self._since is None:\n",
+        "        if False:\n",
         _GATE,
     ),
     Mutant(
         "a whole head does not end its deadline: a long request is cut",
         "pd_policy_vllm/http/client_gate.py",
-        "        self._busy = True\n        self._disarm()\n",
+        "        self._busy = True\n        self._since = None\n",
         "        pass\n",
         _GATE,
     ),
@@ -870,7 +877,14 @@ MUTANTS: Final = (
         '        """Its request is over: the next head\'s deadline runs from its first byte."""\n'
         "        self._busy = False\n",
         '        """Its request is over: the next head\'s deadline runs from its first byte."""\n'
-        "        self._busy = False\n        self._arm()\n",
+        "        self._busy = False\n        self._since = asyncio.get_running_loop().time()\n",
+        _GATE,
+    ),
+    Mutant(
+        "a head begun while the last one's timer runs is never timed: it is left to trickle",
+        "pd_policy_vllm/http/client_gate.py",
+        "            self._timer = loop.call_at(deadline, self._late)\n",
+        "            pass\n",
         _GATE,
     ),
     Mutant(
@@ -1784,7 +1798,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a leg queued for a connection is not counted",
-        "pd_policy_vllm/http/upstream/client.py",
+        "pd_policy_vllm/http/upstream/pool.py",
         "        self.queued += 1\n",
         "",
         ("tests/http/test_http_metrics_meaning.py",),

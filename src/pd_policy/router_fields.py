@@ -107,11 +107,16 @@ def _present(body: Mapping[str, Any], path: tuple[str, ...]) -> bool:
     return path[-1] in holder
 
 
+#: The top-level keys under which a router's field may be: a body with none of them (nearly
+#: every body) is checked by one set operation.
+_HOLDERS: Final = frozenset(field.path[0] for field in ROUTER_FIELDS)
+
+
 def router_fields_in(body: Any) -> tuple[RouterField, ...]:
     """The router's fields that ``body`` sets, whatever their value (``null`` included), in
     the order of [`ROUTER_FIELDS`][pd_policy.router_fields.ROUTER_FIELDS]; ``()`` for a body
     that is not an object."""
-    if not isinstance(body, Mapping):
+    if not isinstance(body, Mapping) or _HOLDERS.isdisjoint(body.keys()):
         return ()
     return tuple(field for field in ROUTER_FIELDS if _present(body, field.path))
 

@@ -21,6 +21,7 @@ from typing import Final
 from pd_policy import InvalidConfiguration
 from pd_policy_vllm.http.aio import access_logger, web
 from pd_policy_vllm.http.client_gate import GatedRunner
+from pd_policy_vllm.http.collector import settle
 from pd_policy_vllm.http.proxy import Proxy
 from pd_policy_vllm.http.reload import reload, summary
 from pd_policy_vllm.http.siblings import Siblings
@@ -56,6 +57,7 @@ async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
     # Its own metrics stay open to its siblings' scrapes until it has drained.
     own = proxy.siblings.serving(proxy.own_metrics) if proxy.siblings else contextlib.nullcontext()
     await runner.setup()
+    settle()  # start-up done: what it made is out of the collector's sight
     cleaned = False
     try:
         async with own, _metrics_port(args, proxy):

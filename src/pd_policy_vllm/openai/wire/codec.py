@@ -38,7 +38,7 @@ from pd_policy_vllm.openai.wire.strict import (
     KeyTwice,
     TooDeep,
     checked,
-    deeper_than,
+    count,
     shape,
     too_deep,
     twice_param,
@@ -296,8 +296,10 @@ def reply_fields(raw: bytes, *, in_choice: bool, what: str) -> ReplyFields | Non
     except RecursionError:
         raise MalformedRequest(_deeper(what), param="body") from None
     # Any: a hostile worker's could nest as deep as the parser follows, and every later
-    # walk of it (the decode leg written) would fail.
-    if deeper_than(reply.kv_transfer_params) or deeper_than(reply.usage):
+    # walk of it (the decode leg written) would fail. A reply opening no more arrays and
+    # objects than the limit cannot (nearly every one): walked only when it opens more.
+    opened = count(raw, b"[") + count(raw, b"{")
+    if too_deep(opened, reply.kv_transfer_params) or too_deep(opened, reply.usage):
         raise MalformedRequest(_deeper(what), param="body")
     data = bytes(found) if found is not None else b""
     return (TokenIds.read(data) if data else None), reply.kv_transfer_params, reply.usage
