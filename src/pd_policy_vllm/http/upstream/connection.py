@@ -46,8 +46,8 @@ _STATUS_START: Final = b"HTTP/"
 #: The bytes a reason phrase may hold: HTAB, SP, VCHAR and obs-text.
 _REASON_BYTES: Final = bytes([9, *range(0x20, 0x7F), *range(0x80, 0x100)])
 
-#: A first body part under this goes in the head's write.
-_SMALL: Final = 64 * 1024
+#: Small parts are joined into writes of up to this many bytes; a larger one goes alone.
+_JOINED: Final = 256 * 1024
 #: The body's bytes held for a reader that has not taken them, past which the connection
 #: stops reading its socket, and down to which the reader takes them before it reads
 #: again: asyncio's StreamReader's (twice its 64 KiB limit, and the limit). One read of
@@ -234,9 +234,9 @@ class Connection(asyncio.Protocol):
         return whole and not self._body and head is not None and not head.close
 
     def request(self, head: bytes, body: Sequence[bytes | memoryview]) -> None:
-        """Write a request: its head, then its body's parts, a write each (on Python 3.11
-        ``writelines`` joins them into one more copy). A part the socket does not take at
-        once is copied into the transport's buffer; one that it takes is not copied."""
+        """Write a request: its head and body's parts, small ones joined (a write is a
+        system call, dearer than copying 64 KiB), each large one written as it is, never
+        copied unless the socket does not take it at once."""
         assert self.transport is not None
         self._head, self._done, self._lost, self._in_flight = None, False, None, True
         self._head_bytes = self._head_size = self._body_bytes = 0
@@ -246,13 +246,19 @@ class Connection(asyncio.Protocol):
         self._buffered = 0
         self._resume()
         write = self.transport.write
-        if body and len(body[0]) < _SMALL:
-            write(head + body[0])
-            body = body[1:]
-        else:
-            write(head)
+        pending: list[bytes | memoryview] = [head]
+        size = len(head)
         for part in body:
-            write(part)
+            if pending and size + len(part) > _JOINED:
+                write(b"".join(pending))
+                pending, size = [], 0
+            if len(part) >= _JOINED:
+                write(part)  # as it is: never copied by a join
+            else:
+                pending.append(part)
+                size += len(part)
+        if pending:
+            write(b"".join(pending))
 
     async def head(self) -> Head:
         """The response's head, once whole. Raises ``UpstreamDisconnected``,
