@@ -19,6 +19,7 @@ from pd_policy_vllm.http.cli import configuration, main
 from pd_policy_vllm.http.config import ConfigError, Kind, resolve, settings
 from pd_policy_vllm.http.config.shown import TABLE_NAME, settings_table
 from pd_policy_vllm.http.flags import GROUPS, parser
+from pd_policy_vllm.http.reload import RELOADED
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = ["--prefill", "http://p:1", "--decode", "http://d:1"]
@@ -316,4 +317,5 @@ def test_the_docs_table_is_the_settings() -> None:
         text,
         re.S,
     )
-    assert block is not None and block.group(1).strip() == settings_table(SETTINGS).strip()
+    assert block is not None
+    assert block.group(1).strip() == settings_table(SETTINGS, RELOADED).strip()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import aiohttp
 from fleet_stands import Stand, serving
 from proxy_process import proxy_command, started
-from test_http_fleet import chat
+from test_http_fleet import chat, post
 
 
 async def _post(url: str, key: str, body: Any) -> int:
@@ -144,5 +145,86 @@ def test_a_watched_file_that_changes_is_read_again_with_no_signal(tmp_path: Path
             _config(config, keys, p, d1, config_watch_seconds=0.2)
             await _until(lambda: _true(len(reloads(log)) == 3), "the mended file was not read")
             assert f'"drained": ["decode {d2}"]' in reloads(log)[2]
+
+    asyncio.run(main())
+
+
+#: Long enough that the log filter, which redacts every key, leaves the log lines whole.
+KEY = "key-of-the-limits-test"
+
+
+def _images(count: int) -> dict[str, Any]:
+    body = chat(0)
+    image = body["messages"][0]["content"][0]
+    body["messages"][0]["content"][:1] = [image] * count
+    return body
+
+
+def _reloaded(log: list[str], count: int) -> dict[str, Any]:
+    lines = [x for x in log if "SIGHUP: reloaded" in x]
+    assert len(lines) == count, lines
+    summary: dict[str, Any] = json.loads(lines[-1].split("reloaded ", 1)[1])
+    return summary
+
+
+def test_a_reload_applies_the_limits_to_what_begins_after_it(tmp_path: Path) -> None:
+    # Each limit a reload applies is read as a request, a connection or a leg begins: a
+    # request in flight keeps its own; the next one, and the next connection, take the new.
+    prefill = Stand("p", lm_only=False, describes=False)
+    decode = Stand("d", describes=False)
+    config, keys = tmp_path / "proxy.toml", tmp_path / "client-keys"
+
+    async def main() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            p = await stack.enter_async_context(serving(prefill.app()))
+            d = await stack.enter_async_context(serving(decode.app()))
+            keys.write_text(f"{KEY}\n")
+            _config(config, keys, p, d, request_timeout=30)
+            flags = ("--config", str(config), "--probe-interval", "0.2",
+                     "--config-watch-seconds", "0")  # fmt: skip
+            running = await stack.enter_async_context(started(proxy_command(*flags)))
+            url, process, log = running.url, running.process, running.log
+            assert (await post(url, _images(2), KEY))[0] == 200
+            decode.delay = 1.5  # in flight through the reload, under the old 30 s
+            slow = asyncio.create_task(post(url, chat(1), KEY))
+            await _until(lambda: _true(len(decode.calls) == 2), "the slow request never began")
+            _config(config, keys, p, d, request_timeout=0.5, max_media_items=1,
+                    max_client_connections=1)  # fmt: skip
+            process.send_signal(signal.SIGHUP)
+            await _until(lambda: _true(any("SIGHUP: reloaded" in x for x in log)), "no reload")
+            done = _reloaded(log, 1)
+            assert done == {"limits": ["max_media_items", "max_client_connections",
+                                       "request_timeout"]}, done  # fmt: skip
+            assert (await slow)[0] == 200  # began before it: its own deadline
+            status, body, _ = await post(url, chat(2), KEY)  # after it: the new deadline
+            assert (status, body["error"]["code"]) == (504, "pd_request_timeout")
+            decode.delay = 0.0
+            status, body, _ = await post(url, _images(2), KEY)
+            assert (status, body["error"]["code"]) == (400, "pd_too_many_media_items")
+            assert (await post(url, _images(1), KEY))[0] == 200
+            # One client connection now: one held idle leaves none for the next.
+            host, port = url.removeprefix("http://").rsplit(":", 1)
+            _, idle = await asyncio.open_connection(host, int(port))
+            await asyncio.sleep(0.2)  # accepted, and held
+            status, body, _ = await post(url, chat(3), KEY)
+            assert (status, body["error"]["code"]) == (503, "pd_overloaded")
+            idle.close()
+            await _until(lambda: _ok(url, KEY), "the freed connection never served")
+            # The legs' limits: a worker silent past the new read timeout, within the
+            # request's; the kept-alive connection to it takes the new limit too.
+            _config(config, keys, p, d, request_timeout=30, worker_read_timeout=0.3)
+            process.send_signal(signal.SIGHUP)
+            await _until(lambda: _true(sum("SIGHUP: reloaded" in x for x in log) == 2), "again")
+            assert _reloaded(log, 2) == {
+                "limits": [
+                    "max_media_items",
+                    "max_client_connections",
+                    "request_timeout",
+                    "worker_read_timeout",
+                ]
+            }
+            decode.delay = 1.0
+            status, body, _ = await post(url, chat(4), KEY)
+            assert status == 504 and "silent for 0.3 s" in body["error"]["message"], body
 
     asyncio.run(main())

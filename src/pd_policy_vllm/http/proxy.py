@@ -29,6 +29,7 @@ from pd_policy_vllm.http.aio import aiohttp, web
 from pd_policy_vllm.http.auth import Keys
 from pd_policy_vllm.http.background import background
 from pd_policy_vllm.http.calls import REQUEST_ID_HEADER
+from pd_policy_vllm.http.client_gate import ClientGate
 from pd_policy_vllm.http.clients import Clients, open_clients
 from pd_policy_vllm.http.driver import Driver
 from pd_policy_vllm.http.fleet.admin import Admin, add_admin_routes
@@ -164,7 +165,22 @@ class Proxy:
         #: The other processes of ``--processes N``, whose metrics ``/metrics`` merges.
         self.siblings: Siblings | None = None
         self._clients: Clients | None = None
+        self._driver: Driver | None = None
+        #: The gate in front of its connections (a ``GatedRunner``'s), when it has one.
+        self.gate: ClientGate | None = None
         self.lifecycle = Lifecycle(self.fleet)
+
+    def relimit(self, front_door: FrontDoor, limits: Limits, timeout: float | None) -> None:
+        """Serve from now on within ``front_door``, ``limits`` and the request ``timeout``
+        (a reload's): each request, connection and leg that begins takes them; one under
+        way keeps its own. The server's body cap and keep-alive time stay the start's."""
+        self.front_door, self.limits, self.request_timeout = front_door, limits, timeout
+        if self.gate is not None:
+            self.gate.door = front_door
+        if self._clients is not None:
+            self._clients.legs.limits = limits
+        if self._driver is not None:
+            self._driver.front_door, self._driver.deadline = front_door, timeout
 
     def app(self) -> web.Application:
         """The ``aiohttp`` application; its client session (and prober) live as long as it.
@@ -207,7 +223,7 @@ class Proxy:
                 render_once=self.render_once,
                 fetched=self.metrics.fetched,
             )
-            app[_DRIVER] = Driver(
+            app[_DRIVER] = self._driver = Driver(
                 self.fleet,
                 planning,
                 clients.legs,

@@ -7,11 +7,17 @@ operator now describes them: a new one is described and joins once a probe passe
 no longer listed drains, its requests in flight finishing, and leaves; one whose table
 changed is described anew as it), the names followed in DNS (``[[discover]]``: a name
 kept goes on with the workers it found, a new one is followed, the workers of one
-removed drain) and the clients' and admins' keys. Every other setting
-takes a restart: a reload that changes one says so in its log line and keeps the value
-the proxy runs with. A file that cannot be read, a bad value, a keys file that holds no
-key: the reload is refused, logged, and the running configuration kept whole. Requests
-in flight finish on the view they started with.
+removed drain), the clients' and admins' keys, and the limits read as each request or
+connection begins ([`LIMITS`][pd_policy_vllm.http.reload.LIMITS]: a request in flight
+keeps the ones it began with; a kept-alive connection to a worker takes the new ones
+with its next leg). Every other setting takes a restart: a reload that changes one says
+so in its log line and keeps the value the proxy runs with. Among the limits, those
+bound as the proxy starts take one too: ``max_body_mib`` (the server's own cap on a
+compressed body and on the admin API's), ``keepalive_timeout`` (``aiohttp``'s timer,
+set for its connections as it starts), and the ``media_*`` limits (the media session,
+its guard and its timeout, is made with them). A file that cannot be read, a bad
+value, a keys file that holds no key: the reload is refused, logged, and the running
+configuration kept whole. Requests in flight finish on the view they started with.
 
 A reload makes the fleet the configuration's: a worker an admin added at run time, and
 not in the file, drains; a worker a followed name gives is the name's, not the file's.
@@ -31,17 +37,25 @@ from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.auth import ADMIN_KEYS_ENV, Keys, read_keys
 from pd_policy_vllm.http.config.load import configuration
 from pd_policy_vllm.http.config.settings import settings
-from pd_policy_vllm.http.flags import operator_says, parser
+from pd_policy_vllm.http.flags import front_door, operator_says, parser, upstream_limits
 from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
 from pd_policy_vllm.http.fleet.discovery import Discovery
 from pd_policy_vllm.http.fleet.members import member_name
 from pd_policy_vllm.http.log_filter import install as redact_logs
 from pd_policy_vllm.http.proxy import Proxy
 
-__all__ = ["RELOADED", "Reload", "reload", "summary", "wanted_workers"]
+__all__ = ["LIMITS", "RELOADED", "Reload", "reload", "summary", "wanted_workers"]
 
+#: The limits a reload applies: each is read as a request, a connection or a leg begins.
+LIMITS: Final = frozenset(
+    {
+        "max_media_items", "max_content_parts", "header_timeout", "body_timeout",
+        "max_client_connections", "request_timeout", "worker_read_timeout",
+        "max_response_mib", "max_connections_per_worker", "worker_queue_timeout",
+    }
+)  # fmt: skip
 #: The settings a reload applies; every other one takes a restart.
-RELOADED: Final = frozenset(
+RELOADED: Final = LIMITS | frozenset(
     {
         "prefill", "decode", "encode", "workers", "kv_mode", "bootstrap_port",
         "decode_capability", "decode_kv_transfer_config", "allowed_media_domains",
@@ -53,13 +67,14 @@ RELOADED: Final = frozenset(
 @attrs.frozen(slots=True)
 class Reload:
     """What a reload did: the members that joined (``role name``), the ones that drain,
-    the ones described anew, those it could not describe (left out until the next), and
-    the settings that changed but take a restart."""
+    the ones described anew, those it could not describe (left out until the next), the
+    limits it changed, and the settings that changed but take a restart."""
 
     added: tuple[str, ...] = ()
     drained: tuple[str, ...] = ()
     redescribed: tuple[str, ...] = ()
     unreachable: tuple[str, ...] = ()
+    limits: tuple[str, ...] = ()
     restart: tuple[str, ...] = ()
 
 
@@ -153,10 +168,12 @@ async def reload(
         stated.clear()
         stated.update({**dns, **{key: said for key, (_, said) in wanted.items()}})
     _follow(proxy, applied)
+    proxy.relimit(front_door(applied), upstream_limits(applied), applied.request_timeout)
     redact_logs(keys)  # the filter adds them: an old key stays redacted, once a secret
     proxy.keys = Keys(proxy.keys.worker, keys.clients, keys.admins)
+    limits = tuple(key for key in changed if key in LIMITS)
     done = Reload(tuple(added), tuple(drained), tuple(redescribed), tuple(unreachable),
-                  tuple(restart))  # fmt: skip
+                  limits, tuple(restart))  # fmt: skip
     return applied, done
 
 

@@ -51,6 +51,7 @@ async def _serve(args: argparse.Namespace, proxy: Proxy) -> None:
         access_log=access_logger if args.access_log else None,
         shutdown_timeout=args.drain_seconds,
     )
+    proxy.gate = runner.gate  # a reload's limits reach its connections
     directory = getattr(args, "metrics_dir", None)
     proxy.siblings = Siblings(directory, args.slot) if directory is not None else None
     proxy.metrics.process_restarts.inc(getattr(args, "restarts", 0))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -89,9 +89,10 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def settings_table(settings: Sequence[Setting]) -> str:
+def settings_table(settings: Sequence[Setting], reloaded: Collection[str] = ()) -> str:
     """The docs' table of every setting, by group: its file key, its flags, its
-    environment variable, its default and its help."""
+    environment variable, its default, what a reload does to it (applied, for a key in
+    ``reloaded``; else it takes a restart) and its help."""
     out = []
     group = None
     for setting in settings:
@@ -99,15 +100,17 @@ def settings_table(settings: Sequence[Setting]) -> str:
             if group is not None:
                 out.append("")
             group = setting.group
-            out += [f"**{group}**", "", "| key | flag | environment | default | meaning |"]
-            out.append("|---|---|---|---|---|")
+            out += [f"**{group}**", "",
+                    "| key | flag | environment | default | on reload | meaning |"]  # fmt: skip
+            out.append("|---|---|---|---|---|---|")
         default = setting.default
         shown = "" if default is None or default == [] else _toml(default)
         kind = " (list)" if setting.kind is Kind.LIST else ""
         flags = ", ".join(f"`{f}`" for f in setting.flags)
         out.append(
             f"| `{setting.key}`{kind} | {flags} | `{setting.env}` | "
-            f"{'`' + _cell(shown) + '`' if shown else ''} | {_cell(setting.help)} |"
+            f"{'`' + _cell(shown) + '`' if shown else ''} | "
+            f"{'applied' if setting.key in reloaded else 'restart'} | {_cell(setting.help)} |"
         )
     return "\n".join(out)
 
@@ -125,7 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli = argparse.ArgumentParser(description=main.__doc__)
     cli.add_argument("--write", type=Path, metavar="PAGE")
     args = cli.parse_args(argv)
-    table = settings_table(settings(parser()))
+    from pd_policy_vllm.http.reload import RELOADED
+
+    table = settings_table(settings(parser()), RELOADED)
     if args.write is None:
         print(table)
     else:

@@ -140,6 +140,7 @@ class Upstream:
         while idle:
             since, connection = idle.pop()
             if now - since < _IDLE_SECONDS and connection.reusable:
+                connection.limits = self.limits  # a reload's, from its next leg on
                 return connection
             connection.close()
         return None
