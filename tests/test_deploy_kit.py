@@ -82,11 +82,13 @@ def test_the_proxy_probes_its_own_routes_and_stops_within_its_grace() -> None:
     (keys,) = [v for v in spec["volumes"] if "secret" in v]
     for setting in ("worker_api_key_file", "api_keys_file"):
         assert config[setting].startswith(mounts[keys["name"]] + "/")
-    # The scrape's key is the same Secret's.
+    # The scrape is of the metrics port, which takes no key: the scraper holds none.
     monitor = _of(objects, "ServiceMonitor", "pd-policy-proxy")["spec"]["endpoints"][0]
-    assert monitor["authorization"]["credentials"]["name"] == keys["secret"]["secretName"]
+    assert "authorization" not in monitor and monitor["path"] == "/metrics"
     service = _of(objects, "Service", "pd-policy-proxy")
-    assert monitor["port"] in {p["name"] for p in service["spec"]["ports"]}
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == monitor["port"]]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports[port["targetPort"]] == port["port"] == config["metrics_port"] != config["port"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

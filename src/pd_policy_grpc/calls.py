@@ -58,6 +58,10 @@ def _cancelled_by_us() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+#: A leg's gRPC metadata: the caller's trace context.
+Metadata = tuple[tuple[str, str], ...]
+
+
 class Stub(Protocol):
     """The two methods of the engine service a router calls."""
 
@@ -133,11 +137,13 @@ class PdCalls:
         while self._deferred:
             await asyncio.gather(*self._deferred, return_exceptions=True)
 
-    async def _run_prefill(self, leg: Any, request_id: str) -> pb.GenerateComplete:
+    async def _run_prefill(
+        self, leg: Any, request_id: str, metadata: Metadata = ()
+    ) -> pb.GenerateComplete:
         started = False
         complete: pb.GenerateComplete | None = None
         try:
-            call = self._prefill.Generate(leg, timeout=self.timeout)
+            call = self._prefill.Generate(leg, timeout=self.timeout, metadata=metadata or None)
         except grpc.aio.UsageError:
             raise _closed_under("prefill", False) from None
         try:
@@ -163,9 +169,11 @@ class PdCalls:
             raise WorkerStreamError("prefill", "INTERNAL", "the stream ended without a completion")
         return complete
 
-    async def _stream_decode(self, decode: Stub, leg: Any, request_id: str) -> AsyncGenerator[Any]:
+    async def _stream_decode(
+        self, decode: Stub, leg: Any, request_id: str, metadata: Metadata = ()
+    ) -> AsyncGenerator[Any]:
         try:
-            call = decode.Generate(leg, timeout=self.timeout)
+            call = decode.Generate(leg, timeout=self.timeout, metadata=metadata or None)
         except grpc.aio.UsageError:
             raise _closed_under("decode", False) from None
         # The first read runs in a task of its own, so that a caller cancelled while

@@ -8,7 +8,7 @@ the decode request is sent.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 
 import grpc
 from pd_policy import DecodeCandidate, plan_kv_handoff, select_decode_workers
@@ -105,7 +105,7 @@ class SequentialPd(PdCalls):
         handoff = attempt.handoff
         leg = prefill_leg(request, handoff)
         leg.request_id = attempt.request_id
-        complete = await self._run_prefill(leg, attempt.request_id)
+        complete = await self._run_prefill(leg, attempt.request_id, attempt.metadata)
         if handoff.relays:
             relay_kv(attempt.leg, complete)
 
@@ -113,11 +113,17 @@ class SequentialPd(PdCalls):
         self, request: pb.GenerateRequest, attempt: PairAttempt[pb.GenerateRequest]
     ) -> AsyncGenerator[pb.GenerateResponse]:
         """Step 5: the decode leg's responses."""
-        return self._stream_decode(attempt.decode, attempt.leg, attempt.request_id)
+        return self._stream_decode(
+            attempt.decode, attempt.leg, attempt.request_id, attempt.metadata
+        )
 
-    def generate(self, request: pb.GenerateRequest) -> AsyncGenerator[pb.GenerateResponse]:
-        """Serve ``request``; yields the decode worker's responses. See the class docs."""
-        return drive(request, self.own, one_pair_of, read=self.admit)
+    def generate(
+        self, request: pb.GenerateRequest, *, trace_context: Mapping[str, str] | None = None
+    ) -> AsyncGenerator[pb.GenerateResponse]:
+        """Serve ``request``; yields the decode worker's responses. See the class docs.
+        ``trace_context``: the caller's W3C trace headers, passed on to both legs as gRPC
+        metadata when valid ([`drive`][pd_policy_grpc.driver.drive])."""
+        return drive(request, self.own, one_pair_of, read=self.admit, trace_context=trace_context)
 
     def admit(self, request: pb.GenerateRequest) -> pb.GenerateRequest:
         """``request`` once admitted

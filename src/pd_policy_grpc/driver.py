@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 import attrs
@@ -38,6 +38,7 @@ from pd_policy.exchange.events import (
     Relay,
     Send,
 )
+from pd_policy.trace_context import passed_on
 
 __all__ = ["Pair", "PairAttempt", "drive", "one_pair_of"]
 
@@ -61,6 +62,9 @@ class PairAttempt(Generic[L]):
     check: HandoffCheck
     handoff: KvHandoff
     request_id: str
+    #: The gRPC metadata each leg carries: the caller's trace context
+    #: ([`passed_on`][pd_policy.trace_context.passed_on]), so a worker's span joins its trace.
+    metadata: tuple[tuple[str, str], ...] = ()
 
 
 class Pair(Protocol):
@@ -130,13 +134,16 @@ async def drive(
     *,
     read: Callable[[Any], Any] | None = None,
     deadline: float | None = None,
+    trace_context: Mapping[str, str] | None = None,
 ) -> AsyncGenerator[Any]:
     """Serve a request through the exchange ``exchange_of`` makes for it, each attempt on the
     pair ``pair_of`` gives for its placement, applying the bookkeeping to ``roster``
     (``None``: a router of one pair). The request is ``data``, or what ``read`` makes of it
     (its errors raised on the first iteration, as the rest). Yields the decode's responses;
     raises the error the exchange finished with. ``deadline`` bounds the whole request in
-    seconds (``None``: no bound).
+    seconds (``None``: no bound). ``trace_context``: the caller's W3C trace headers (its
+    call's metadata, or what OpenTelemetry's ``inject`` wrote), passed on to every leg
+    when valid ([`passed_on`][pd_policy.trace_context.passed_on]).
 
     However the generator ends before its exchange does (the caller cancelled, closed it,
     or dropped it for the loop to close; an error that is not the policy's), the exchange
@@ -147,6 +154,7 @@ async def drive(
     every response of every request a hop."""
     request = read(data) if read is not None else data
     exchange = exchange_of(request)
+    metadata = tuple(passed_on(trace_context).items()) if trace_context else ()
     loop = asyncio.get_running_loop()
     ends = None if deadline is None else loop.time() + deadline
     pair: Pair | None = None
@@ -158,6 +166,8 @@ async def drive(
             if isinstance(action, Plan):
                 pair = pair_of(action.placement)
                 event, attempt = _planned(pair, request)
+                if attempt is not None:
+                    attempt.metadata = metadata
             elif isinstance(action, Send):
                 assert pair is not None and attempt is not None
                 event = await _prefilled(pair, request, attempt, ends)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -186,10 +186,14 @@ class FleetPd:
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
 
-    def generate(self, request: Any) -> AsyncGenerator[Any]:
+    def generate(
+        self, request: Any, *, trace_context: Mapping[str, str] | None = None
+    ) -> AsyncGenerator[Any]:
         """Serve ``request`` (a ``GenerateRequest``, or its bytes with a bytes router);
         yields the decode worker's responses. Raises the policy's errors, and the last
-        attempt's failure (see the module docs)."""
+        attempt's failure (see the module docs). ``trace_context``: the caller's W3C trace
+        headers (its call's ``invocation_metadata()``, or what OpenTelemetry's ``inject``
+        wrote), passed on to every leg as gRPC metadata when valid."""
         return drive(
             request,
             self._pair,
@@ -197,6 +201,7 @@ class FleetPd:
             self.roster,
             read=self.admit,
             deadline=self.deadline,
+            trace_context=trace_context,
         )
 
     def admit(self, request: Any) -> Any:

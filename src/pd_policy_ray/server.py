@@ -41,6 +41,7 @@ from .seam import (
     PDDecodeServer,
     _sanitize_chat_completion_request,
 )
+from .tracing import traced_info
 
 __all__ = ["PolicyDecodeServer", "requests_log"]
 
@@ -130,7 +131,8 @@ class PolicyDecodeServer(PDDecodeServer):  # type: ignore[misc]
             }
             requests_log.info(json.dumps(line, separators=(",", ":")))
 
-        served = serve(self, route, body, request_id, raw_request_info, log)
+        # Both legs carry the client's trace context, checked (see tracing).
+        served = serve(self, route, body, request_id, traced_info(raw_request_info), log)
         async with contextlib.aclosing(served):  # a client that leaves closes every leg
             async for item in served:
                 yield item

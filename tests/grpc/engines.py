@@ -53,11 +53,18 @@ async def refuse_media(request: pb.GenerateRequest, context: Any) -> None:
         )
 
 
+def _metadata(context: Any) -> dict[str, str]:
+    return {key: value for key, value in context.invocation_metadata() or ()
+            if isinstance(value, str)}  # fmt: skip
+
+
 class Engine(pb_grpc.VllmEngineServicer):
     """A recording engine: every Generate and Abort it receives is kept."""
 
     def __init__(self, *, supports_vision: bool, kv_connector: str = "") -> None:
         self.requests: list[pb.GenerateRequest] = []
+        #: Each Generate call's metadata, as the engine received it.
+        self.metadata: list[dict[str, str]] = []
         self.aborted: list[str] = []
         self.supports_vision = supports_vision
         self.kv_connector = kv_connector
@@ -87,6 +94,7 @@ class Engine(pb_grpc.VllmEngineServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.GenerateResponse]:
         self.requests.append(request)
+        self.metadata.append(_metadata(context))
         await self.refuse(request, context)
         tokens = answer(request)
         for i, token in enumerate(tokens):
@@ -116,6 +124,7 @@ class PrefillEngine(Engine):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.GenerateResponse]:
         self.requests.append(request)
+        self.metadata.append(_metadata(context))
         if self.returns not in {"json", "legacy", "nothing"}:
             await context.abort(grpc.StatusCode[self.returns], "prefill engine is overloaded")
         if self.hold_first.is_set():

@@ -12,7 +12,7 @@ are parsed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Final
 
 import grpc
@@ -87,23 +87,28 @@ class SequentialPdBytes(PdCalls):
         """The sanitised prefill leg, and what it returned relayed."""
         handoff = attempt.handoff
         leg = bytes(with_request_id(prefill_leg(request, handoff), attempt.request_id))
-        complete = await self._run_prefill(leg, attempt.request_id)
+        complete = await self._run_prefill(leg, attempt.request_id, attempt.metadata)
         if handoff.relays:
             attempt.leg = relay_kv(attempt.leg, complete)
 
     def decode(self, request: RawRequest, attempt: PairAttempt[RawLeg]) -> AsyncGenerator[bytes]:
         """The decode leg's responses, as the worker serialized them."""
-        return self._stream_decode(attempt.decode, bytes(attempt.leg), attempt.request_id)
+        return self._stream_decode(
+            attempt.decode, bytes(attempt.leg), attempt.request_id, attempt.metadata
+        )
 
-    def generate(self, data: bytes | RawRequest) -> AsyncGenerator[bytes]:
+    def generate(
+        self, data: bytes | RawRequest, *, trace_context: Mapping[str, str] | None = None
+    ) -> AsyncGenerator[bytes]:
         """Serve a serialized request (or one already read); yields the decode responses'
         bytes.
 
         Raises [`MalformedRequest`][pd_policy.errors.MalformedRequest] for bytes that are not
         a valid ``GenerateRequest``, and everything
-        [`SequentialPd.generate`][pd_policy_grpc.client.SequentialPd.generate] raises.
+        [`SequentialPd.generate`][pd_policy_grpc.client.SequentialPd.generate] raises;
+        ``trace_context`` as there.
         """
-        return drive(data, self.own, one_pair_of, read=self.admit)
+        return drive(data, self.own, one_pair_of, read=self.admit, trace_context=trace_context)
 
     def admit(self, data: bytes | RawRequest) -> RawRequest:
         """``data`` read (unless it already is) and admitted

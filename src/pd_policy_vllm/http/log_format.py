@@ -16,11 +16,12 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import re
 import sys
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any, Final
+
+from pd_policy.trace_context import trace_id_of
 
 __all__ = [
     "FORMATS",
@@ -37,18 +38,6 @@ FORMATS: Final = ("text", "json")
 #: The request being served by the running task, and its client's trace (if any).
 REQUEST_ID: Final[ContextVar[str | None]] = ContextVar("pd_policy_request_id", default=None)
 TRACE_ID: Final[ContextVar[str | None]] = ContextVar("pd_policy_trace_id", default=None)
-
-# W3C Trace Context: version "00", a trace id of 32 hex digits not all zero, a parent id
-# of 16, flags of 2. Anything else is no trace.
-_TRACEPARENT: Final = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
-
-
-def trace_id_of(traceparent: str | None) -> str | None:
-    """The trace id of a W3C ``traceparent`` header, or ``None`` for none or a bad one."""
-    found = _TRACEPARENT.match(traceparent.strip()) if traceparent else None
-    if found is None or found.group(1) == "0" * 32 or found.group(2) == "0" * 16:
-        return None
-    return found.group(1)
 
 
 def _time(record: logging.LogRecord) -> str:

@@ -23,31 +23,13 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from pd_policy import InvalidConfiguration
-from pd_policy_vllm.http.log_format import trace_id_of
+from pd_policy.trace_context import passed_on
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
 __all__ = ["OFF", "UNTRACED", "Traced", "Tracing", "check", "otlp_tracing"]
-
-_TRACEPARENT: Final = "traceparent"
-_TRACESTATE: Final = "tracestate"
-#: The longest ``tracestate`` passed on (W3C: 32 entries of at most 256 characters).
-_MAX_TRACESTATE: Final = 512
-
-
-def _client_context(headers: Mapping[str, str]) -> dict[str, str]:
-    # Only a valid traceparent, and a tracestate of printable ASCII beside it.
-    parent = headers.get(_TRACEPARENT)
-    if trace_id_of(parent) is None:
-        return {}
-    assert parent is not None
-    carrier = {_TRACEPARENT: parent.strip()}
-    state = headers.get(_TRACESTATE)
-    if state and len(state) <= _MAX_TRACESTATE and state.isascii() and state.isprintable():
-        carrier[_TRACESTATE] = state
-    return carrier
 
 
 class Tracing:
@@ -63,7 +45,7 @@ class Tracing:
         """The span of one client request on ``route`` (a child of the trace context in
         the client's ``headers``), current for the duration of the block; off, none,
         and the client's valid trace context to pass on."""
-        carrier = _client_context(headers)
+        carrier = passed_on(headers)
         if self.tracer is None:
             return contextlib.nullcontext(Traced(None, carrier))
         return self._spanned(carrier, route)
