@@ -95,19 +95,24 @@ def test_a_refused_client_reads_its_answer_before_it_sends_anything() -> None:
     run(test, CAPPED)
 
 
+async def _cut_while_trickling(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    # A head sent a byte at a time: the proxy closes the connection before it is whole.
+    data = head(len(CHAT)).replace(b"Host: proxy", b"Host: " + b"p" * 150)
+    sent: list[int] = []
+    sending = asyncio.create_task(trickle(writer, data, sent))
+    assert await closed(reader)
+    assert not sending.done() and len(sent) < len(data)  # cut while the head came
+    sending.cancel()
+    with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+        await sending
+    writer.close()
+
+
 def test_a_trickled_head_is_cut_at_the_header_timeout_while_an_idle_connection_stays() -> None:
     async def test(port: int, calls: list[str]) -> None:
         idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        data = head(len(CHAT)).replace(b"Host: proxy", b"Host: " + b"p" * 150)
-        sent: list[int] = []
-        sending = asyncio.create_task(trickle(writer, data, sent))
-        assert await closed(reader)
-        assert not sending.done() and len(sent) < len(data)  # cut while the head came
-        sending.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-            await sending
-        writer.close()
+        await _cut_while_trickling(reader, writer)
         # Idle since before the trickle began, past its header timeout: still served.
         assert await _served(idle_reader, idle_writer) == 200
         idle_writer.close()
@@ -122,15 +127,7 @@ def test_a_head_trickled_after_a_request_on_its_connection_is_cut_too() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         assert await _served(reader, writer) == 200
         await asyncio.sleep(CAPPED.header_timeout / 3)
-        data = head(len(CHAT)).replace(b"Host: proxy", b"Host: " + b"p" * 150)
-        sent: list[int] = []
-        sending = asyncio.create_task(trickle(writer, data, sent))
-        assert await closed(reader)
-        assert not sending.done() and len(sent) < len(data)  # cut while the head came
-        sending.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-            await sending
-        writer.close()
+        await _cut_while_trickling(reader, writer)
 
     run(test, CAPPED)
 
