@@ -8,7 +8,7 @@ no longer listed drains, its requests in flight finishing, and leaves; one whose
 changed is described anew as it), the names followed in DNS (``[[discover]]``: a name
 kept goes on with the workers it found, a new one is followed, the workers of one
 removed drain), the clients' and admins' keys, and the limits read as each request or
-connection begins ([`LIMITS`][pd_policy_vllm.http.reload.LIMITS]: a request in flight
+connection begins ([`LIMITS`][pd_policy_vllm.http.config.reloaded.LIMITS]: a request in flight
 keeps the ones it began with; a kept-alive connection to a worker takes the new ones
 with its next leg). Every other setting takes a restart: a reload that changes one says
 so in its log line and keeps the value the proxy runs with. Among the limits, those
@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 import attrs
 
@@ -36,6 +36,7 @@ from pd_policy import Health, InvalidConfiguration
 from pd_policy_vllm.http.aio import aiohttp
 from pd_policy_vllm.http.auth import ADMIN_KEYS_ENV, Keys, read_keys
 from pd_policy_vllm.http.config.load import configuration
+from pd_policy_vllm.http.config.reloaded import LIMITS, RELOADED
 from pd_policy_vllm.http.config.settings import settings
 from pd_policy_vllm.http.flags import front_door, operator_says, parser, upstream_limits
 from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
@@ -45,23 +46,6 @@ from pd_policy_vllm.http.log_filter import install as redact_logs
 from pd_policy_vllm.http.proxy import Proxy
 
 __all__ = ["LIMITS", "RELOADED", "Reload", "reload", "summary", "wanted_workers"]
-
-#: The limits a reload applies: each is read as a request, a connection or a leg begins.
-LIMITS: Final = frozenset(
-    {
-        "max_media_items", "max_content_parts", "header_timeout", "body_timeout",
-        "max_client_connections", "request_timeout", "worker_read_timeout",
-        "max_response_mib", "max_connections_per_worker", "worker_queue_timeout",
-    }
-)  # fmt: skip
-#: The settings a reload applies; every other one takes a restart.
-RELOADED: Final = LIMITS | frozenset(
-    {
-        "prefill", "decode", "encode", "workers", "kv_mode", "bootstrap_port",
-        "decode_capability", "decode_kv_transfer_config", "allowed_media_domains",
-        "api_keys_file", "admin_api_key", "admin_api_keys_file", "discover",
-    }
-)  # fmt: skip
 
 
 @attrs.frozen(slots=True)

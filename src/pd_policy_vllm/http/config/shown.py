@@ -123,13 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pd_policy.tools.tables import splice
     from pd_policy_vllm.http.flags import parser
 
+    from .reloaded import RELOADED
     from .settings import settings
 
     cli = argparse.ArgumentParser(description=main.__doc__)
     cli.add_argument("--write", type=Path, metavar="PAGE")
     args = cli.parse_args(argv)
-    from pd_policy_vllm.http.reload import RELOADED
-
     table = settings_table(settings(parser()), RELOADED)
     if args.write is None:
         print(table)
