@@ -781,7 +781,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "the connection cap per worker is not held",
-        "pd_policy_vllm/http/upstream/pool.py",
+        "pd_policy_vllm/http/upstream/client.py",
         "        if self.busy < limits.max_connections and not self.waiters:",
         "        if True:",
         _HOSTILE,
@@ -802,7 +802,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a leg handed a slot as it is cancelled keeps it",
-        "pd_policy_vllm/http/upstream/pool.py",
+        "pd_policy_vllm/http/upstream/client.py",
         "                self.give()  # handed a slot as it was cancelled: pass it on\n",
         "                pass\n",
         _CANCEL,
@@ -1798,7 +1798,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a leg queued for a connection is not counted",
-        "pd_policy_vllm/http/upstream/pool.py",
+        "pd_policy_vllm/http/upstream/client.py",
         "        self.queued += 1\n",
         "",
         ("tests/http/test_http_metrics_meaning.py",),

@@ -24,22 +24,20 @@ connection without reading the request, so it cannot have run it.
 from __future__ import annotations
 
 import asyncio
-import base64
+import contextlib
 import ssl
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
-from urllib.parse import unquote, urlsplit
 
-from pd_policy import InvalidConfiguration
-from pd_policy.authority import split_host_port, url_host
 from pd_policy_vllm.http.redact import Redactor
 
 from .connection import Connection, Head
 from .errors import UpstreamDisconnected, UpstreamUnreachable
 from .limits import DEFAULT_LIMITS, Limits
-from .pool import Pool
 from .response import Response
+from .target import Target
 
 __all__ = ["Observer", "Response", "Upstream"]
 
@@ -51,32 +49,50 @@ _IDLE_SECONDS: Final = 4.0
 _CACHED_URLS: Final = 4096
 
 
-class _Target:
-    """A URL, parsed once: where to connect, and the head's first lines for it."""
+class _Pool:
+    """One worker origin's idle connections, and the slots of the legs it is serving."""
 
-    __slots__ = ("authorization", "host", "origin", "port", "prefix", "tls")
+    __slots__ = ("busy", "idle", "queued", "waiters")
 
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            # Unreachable, as aiohttp's InvalidURL is a client error: the leg is tried on
-            # another worker, and the message does not quote the URL (it may hold a key).
-            raise UpstreamUnreachable("a worker URL is http:// or https:// with a host")
-        self.tls = parts.scheme == "https"
+    def __init__(self) -> None:
+        self.idle: list[tuple[float, Connection]] = []
+        self.busy = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+        self.queued = 0  # legs that waited for a slot, ever
+
+    async def take(self, limits: Limits) -> None:
+        if self.busy < limits.max_connections and not self.waiters:
+            self.busy += 1
+            return
+        self.queued += 1
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self.waiters.append(waiter)
+        timer = loop.call_later(limits.queue_timeout, _expire, waiter)
         try:
-            # The socket's host: an IPv6 address bare, its zone as "%eth0", not "%25eth0".
-            self.host, port = split_host_port(parts.netloc.rpartition("@")[2])
-        except InvalidConfiguration:
-            raise UpstreamUnreachable("a worker URL's host and port are unreadable") from None
-        self.port = port or (443 if self.tls else 80)
-        self.origin = (parts.scheme, self.host, self.port)
-        name = url_host(self.host)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self.prefix = f"POST {path} HTTP/1.1\r\nHost: {name}:{self.port}\r\n".encode()
-        self.authorization: str | None = None
-        if parts.username is not None:
-            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-            self.authorization = "Basic " + base64.b64encode(pair.encode()).decode()
+            await waiter  # the slot is handed over by ``give``, ``busy`` unchanged
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self.give()  # handed a slot as it was cancelled: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self.waiters.remove(waiter)
+            raise
+        finally:
+            timer.cancel()
+
+    def give(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.busy -= 1
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(UpstreamUnreachable("the worker's connections are all in use"))
 
 
 class Upstream:
@@ -94,8 +110,8 @@ class Upstream:
         self.limits = limits
         self.redactor = redactor if redactor is not None else Redactor()
         self.closed = False
-        self._pools: dict[tuple[str, str, int], Pool] = {}
-        self._targets: dict[str, _Target] = {}
+        self._pools: dict[tuple[str, str, int], _Pool] = {}
+        self._targets: dict[str, Target] = {}
         self._tls: ssl.SSLContext | None = None
 
     @property
@@ -108,15 +124,15 @@ class Upstream:
         """How many legs wait for a connection to their worker now."""
         return sum(len(pool.waiters) for pool in self._pools.values())
 
-    def _target(self, url: str) -> _Target:
+    def _target(self, url: str) -> Target:
         target = self._targets.get(url)
         if target is None:
             if len(self._targets) >= _CACHED_URLS:
                 self._targets.clear()
-            target = self._targets[url] = _Target(url)
+            target = self._targets[url] = Target(url)
         return target
 
-    async def _connect(self, target: _Target) -> Connection:
+    async def _connect(self, target: Target) -> Connection:
         loop = asyncio.get_running_loop()
         tls: ssl.SSLContext | None = None
         if target.tls:
@@ -134,7 +150,7 @@ class Upstream:
             raise UpstreamUnreachable(f"no connection ({type(exc).__name__})") from None
         return connection
 
-    def _idle(self, pool: Pool) -> Connection | None:
+    def _idle(self, pool: _Pool) -> Connection | None:
         now = time.monotonic()
         idle = pool.idle
         while idle:
@@ -163,7 +179,7 @@ class Upstream:
 
     async def _enter(
         self, url: str, body: Sequence[bytes | memoryview] | bytes, headers: Mapping[str, str]
-    ) -> tuple[Pool, Connection, Head]:
+    ) -> tuple[_Pool, Connection, Head]:
         if self.closed:
             raise UpstreamUnreachable("the proxy's client is closed")
         target = self._target(url)
@@ -173,7 +189,7 @@ class Upstream:
             observer(url, b"".join(parts))
         pool = self._pools.get(target.origin)
         if pool is None:
-            pool = self._pools[target.origin] = Pool()
+            pool = self._pools[target.origin] = _Pool()
         await pool.take(self.limits)
         try:
             connection, answer = await self._send(target, pool, head, parts)
@@ -182,7 +198,7 @@ class Upstream:
             raise
         return pool, connection, answer
 
-    def _leave(self, pool: Pool, connection: Connection, whole: bool) -> None:
+    def _leave(self, pool: _Pool, connection: Connection, whole: bool) -> None:
         # The block's end, however it came: the connection back to its pool when read to
         # its end, and the slot to the next leg waiting.
         if whole and connection.reusable and not self.closed:
@@ -193,7 +209,7 @@ class Upstream:
 
     @staticmethod
     def _head(
-        target: _Target, parts: Sequence[bytes | memoryview], headers: Mapping[str, str]
+        target: Target, parts: Sequence[bytes | memoryview], headers: Mapping[str, str]
     ) -> bytes:
         lines = [target.prefix]
         if target.authorization is not None:
@@ -211,7 +227,7 @@ class Upstream:
         return b"".join(lines)
 
     async def _send(
-        self, target: _Target, pool: Pool, head: bytes, parts: Sequence[bytes | memoryview]
+        self, target: Target, pool: _Pool, head: bytes, parts: Sequence[bytes | memoryview]
     ) -> tuple[Connection, Head]:
         connection = self._idle(pool)
         reused = connection is not None
@@ -255,7 +271,7 @@ class _Posting:
         headers: Mapping[str, str],
     ) -> None:
         self._upstream, self._args = upstream, (url, body, headers)
-        self._held: tuple[Pool, Connection] | None = None
+        self._held: tuple[_Pool, Connection] | None = None
 
     async def __aenter__(self) -> Response:
         pool, connection, answer = await self._upstream._enter(*self._args)
