@@ -20,7 +20,8 @@ from pd_policy_vllm.http.fleet.describe import OperatorSays, describe
 from pd_policy_vllm.http.fleet.describe import _host as describe_host
 from pd_policy_vllm.http.fleet.members import Fleet, member_name
 from pd_policy_vllm.http.proxy import Proxy
-from pd_policy_vllm.http.upstream.client import Upstream, _Target
+from pd_policy_vllm.http.upstream.client import Upstream
+from pd_policy_vllm.http.upstream.target import Target
 from pd_policy_vllm.openai.workers import prefill_kv_from_config
 
 MOONCAKE = {"kv_transfer_config": {"kv_connector": "MooncakeConnector", "engine_id": "e"}}
@@ -71,7 +72,7 @@ def test_a_members_name_keeps_the_address_whole(url: str, name: str) -> None:
 
 
 def test_the_upstream_client_connects_to_the_bare_address_and_names_it_in_brackets() -> None:
-    target = _Target("http://[fe80::1%25eth0]:8000/v1/chat/completions")
+    target = Target("http://[fe80::1%25eth0]:8000/v1/chat/completions")
     assert (target.host, target.port) == ("fe80::1%eth0", 8000)  # as a socket takes it
     assert b"Host: [fe80::1%25eth0]:8000\r\n" in target.prefix
 
