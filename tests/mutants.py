@@ -1818,6 +1818,20 @@ MUTANTS: Final = (
         ("tests/http/test_http_tracing.py",),
     ),
     Mutant(
+        "a leg's large part is copied by a join",
+        "pd_policy_vllm/http/upstream/connection.py",
+        "            if len(part) >= _JOINED:\n",
+        "            if False:\n",
+        ("tests/http/test_http_upstream_writes.py",),
+    ),
+    Mutant(
+        "a leg's small parts go a write each",
+        "pd_policy_vllm/http/upstream/connection.py",
+        "            if pending and size + len(part) > _JOINED:\n",
+        "            if pending:\n",
+        ("tests/http/test_http_upstream_writes.py",),
+    ),
+    Mutant(
         "a reload's limits are never applied",
         "pd_policy_vllm/http/reload.py",
         "    proxy.relimit(front_door(applied), upstream_limits(applied), "
